@@ -1,0 +1,40 @@
+"""Stepline: durable workflows for Python web apps, pushed to your app by an orchestrator."""
+
+from __future__ import annotations
+
+from stepline import protocol
+from stepline._client import ApiError, AsyncClient, Client
+from stepline._context import Callback, Context
+from stepline._durations import parse_duration
+from stepline._errors import (
+    CallbackTimeout,
+    Cancelled,
+    ChildWorkflowFailed,
+    NondeterminismError,
+    RetryableError,
+    StepFailed,
+    SteplineError,
+    TerminalError,
+)
+from stepline._workflow import Retries, Stepline, __version__
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Callback",
+    "CallbackTimeout",
+    "Cancelled",
+    "ChildWorkflowFailed",
+    "Client",
+    "Context",
+    "NondeterminismError",
+    "Retries",
+    "RetryableError",
+    "StepFailed",
+    "Stepline",
+    "SteplineError",
+    "TerminalError",
+    "__version__",
+    "parse_duration",
+    "protocol",
+]

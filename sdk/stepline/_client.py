@@ -1,0 +1,446 @@
+"""The REST client of API.md's ``/v1`` resources: ``Client``, ``AsyncClient`` and ``ApiError``.
+
+Every endpoint is written once, on ``_Api``, as a sans-I/O ``_Request``; the two clients only
+send it (blocking or awaiting) and decode the answer. ``_Api`` is generic over what its methods
+return, so ``Client.get_run`` returns a dict and ``AsyncClient.get_run`` an awaitable of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
+from urllib.parse import quote
+
+import httpx
+
+from stepline._durations import Duration, parse_duration
+from stepline._errors import SteplineError
+
+JSON = dict[str, Any]
+_D = TypeVar("_D")  # a JSON object, or an awaitable of one
+_N = TypeVar("_N")  # None, or an awaitable of None
+_I = TypeVar("_I")  # an iterator of JSON objects, sync or async
+
+ENDED_STATUSES = frozenset({"completed", "failed", "cancelled", "timedOut"})
+_MAX_WAIT = 60.0  # the server caps one long poll at 60 s
+_READ_MARGIN = 10.0  # so a long poll's read timeout always exceeds its wait
+_NO_BODY: Any = object()
+_clock = time.monotonic  # module-level so tests can drive wait_run's deadline
+
+
+class ApiError(SteplineError):
+    """The API answered a non-2xx status; ``code`` is API.md's stable snake_case code."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.details: dict[str, Any] = details or {}
+
+    def __str__(self) -> str:
+        return f"{self.code} (HTTP {self.status}): {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.status, self.code, self.message, self.details)
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        """Parse ``{"error": {code, message, details}}``, or fall back to ``http_<status>``."""
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), str):
+            details = error.get("details")
+            return cls(
+                response.status_code,
+                error["code"],
+                str(error.get("message") or ""),
+                details if isinstance(details, dict) else {},
+            )
+        text = response.text.strip() or response.reason_phrase
+        return cls(response.status_code, f"http_{response.status_code}", text)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One API call, before any I/O."""
+
+    method: str
+    path: str  # relative to the base URL, or absolute (a signed callback URL)
+    params: dict[str, str] = field(default_factory=dict)
+    body: Any = _NO_BODY
+    auth: bool = True
+    read_timeout: float | None = None
+
+
+def _path(*segments: str) -> str:
+    return "/v1/" + "/".join(quote(str(s), safe="") for s in segments)
+
+
+def _params(**values: object) -> dict[str, str]:
+    return {
+        k: _iso(v) if isinstance(v, datetime) else str(v)
+        for k, v in values.items()
+        if v is not None
+    }
+
+
+def _compact(**values: Any) -> JSON:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _iso(value: datetime) -> str:
+    if value.tzinfo is None:  # naive datetimes are taken as UTC, like the API's times
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _decode(response: httpx.Response) -> Any:
+    if not response.is_success:
+        raise ApiError.from_response(response)
+    if response.status_code == 204 or not response.content:
+        return None
+    return response.json()
+
+
+def _next_page(request: _Request, page: JSON) -> _Request | None:
+    cursor = page.get("nextCursor")
+    return replace(request, params={**request.params, "cursor": str(cursor)}) if cursor else None
+
+
+class RunFilters(TypedDict, total=False):
+    """The filters of ``list_runs`` and ``iter_runs``; naive datetimes are taken as UTC."""
+
+    workflow: str | None
+    status: str | None
+    run_key: str | None
+    created_after: datetime | str | None
+    created_before: datetime | str | None
+    limit: int | None
+
+
+def _runs_request(filters: RunFilters, cursor: str | None) -> _Request:
+    params = _params(cursor=cursor, **{_camel(k): v for k, v in filters.items()})
+    return _Request("GET", _path("runs"), params)
+
+
+class _Waiter:
+    """The plan of ``wait_run``: long polls of at most 60 s until the run ends or time is up."""
+
+    def __init__(self, run_id: str, timeout: Duration) -> None:
+        self.path = _path("runs", run_id)
+        self.deadline = _clock() + parse_duration(timeout)
+
+    def next_request(self) -> _Request:
+        wait = min(_MAX_WAIT, max(0.0, self.deadline - _clock()))
+        if wait <= 0:
+            return _Request("GET", self.path)
+        text = f"{int(wait)}s" if wait.is_integer() else f"{math.ceil(wait * 1000)}ms"
+        return _Request("GET", self.path, {"wait": text}, read_timeout=wait + _READ_MARGIN)
+
+    def done(self, run: JSON) -> bool:
+        return run.get("status") in ENDED_STATUSES or _clock() >= self.deadline
+
+
+class _Api(Generic[_D, _N, _I]):
+    """Every endpoint, once; subclasses decide how a ``_Request`` is sent."""
+
+    _http: httpx.Client | httpx.AsyncClient
+
+    def __init__(self, api_key: str | None, timeout: float) -> None:
+        key = api_key if api_key is not None else os.environ.get("STEPLINE_API_KEY")
+        self._auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self._timeout = timeout
+
+    def _build(self, req: _Request) -> httpx.Request:
+        headers = dict(self._auth) if req.auth else {}
+        content = None
+        if req.body is not _NO_BODY:
+            content = json.dumps(req.body).encode()
+            headers["Content-Type"] = "application/json"
+        timeout = httpx.Timeout(self._timeout, read=max(self._timeout, req.read_timeout or 0.0))
+        return self._http.build_request(
+            req.method,
+            req.path,
+            params=req.params or None,
+            content=content,
+            headers=headers,
+            timeout=timeout,
+        )
+
+    def _json(self, req: _Request) -> _D:
+        raise NotImplementedError
+
+    def _none(self, req: _Request) -> _N:
+        raise NotImplementedError
+
+    def _wait(self, waiter: _Waiter) -> _D:
+        raise NotImplementedError
+
+    def _iterate(self, req: _Request, key: str) -> _I:
+        raise NotImplementedError
+
+    # apps
+
+    def create_app(self, name: str, url: str) -> _D:
+        """Register a push app; the answer carries its ``signingSecret``, shown only once."""
+        return self._json(_Request("POST", _path("apps"), body={"name": name, "url": url}))
+
+    def list_apps(self, limit: int | None = None, cursor: str | None = None) -> _D:
+        """One page of apps: ``{"apps": [...], "nextCursor": ...}``."""
+        return self._json(_Request("GET", _path("apps"), _params(limit=limit, cursor=cursor)))
+
+    def get_app(self, id_or_slug: str) -> _D:
+        """One app, by UUID or ``wfa_…`` slug."""
+        return self._json(_Request("GET", _path("apps", id_or_slug)))
+
+    def update_app(self, id_or_slug: str, *, url: str | None = None, name: str | None = None) -> _D:
+        """Change an app's URL or name."""
+        body = _compact(url=url, name=name)
+        return self._json(_Request("PATCH", _path("apps", id_or_slug), body=body))
+
+    def delete_app(self, id_or_slug: str) -> _N:
+        """Remove an app."""
+        return self._none(_Request("DELETE", _path("apps", id_or_slug)))
+
+    def sync_app(self, id_or_slug: str) -> _D:
+        """Have the orchestrator ask the app which workflows it hosts, and register them."""
+        return self._json(_Request("POST", _path("apps", id_or_slug, "sync")))
+
+    def list_workflows(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
+        """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""
+        return self._json(_Request("GET", _path("workflows"), _params(limit=limit, cursor=cursor)))
+
+    # runs
+
+    def start_run(self, workflow: str, input: Any = None, *, run_key: str | None = None) -> _D:
+        """Start a run (or get the existing one of ``run_key`` when workflow and input match)."""
+        body = {"workflow": workflow, "input": input, **_compact(runKey=run_key)}
+        return self._json(_Request("POST", _path("runs"), body=body))
+
+    def get_run(self, run_id: str) -> _D:
+        """One run, with its steps."""
+        return self._json(_Request("GET", _path("runs", run_id)))
+
+    def wait_run(self, run_id: str, timeout: Duration = 60) -> _D:
+        """The run once it has ended, or as it is when ``timeout`` is spent."""
+        return self._wait(_Waiter(run_id, timeout))
+
+    def list_runs(self, *, cursor: str | None = None, **filters: Unpack[RunFilters]) -> _D:
+        """One page of runs, newest first: ``{"runs": [...], "nextCursor": ...}``."""
+        return self._json(_runs_request(filters, cursor))
+
+    def iter_runs(self, **filters: Unpack[RunFilters]) -> _I:
+        """Every run matching the filters, following ``nextCursor`` page after page."""
+        return self._iterate(_runs_request(filters, None), "runs")
+
+    def cancel_run(self, run_id: str) -> _D:
+        """Request cancellation; the run goes ``cancelling``, then ``cancelled``."""
+        return self._json(_Request("POST", _path("runs", run_id, "cancel")))
+
+    def retry_run(self, run_id: str, *, from_step: str | None = None) -> _D:
+        """Run a failed, cancelled or timed-out run again, from ``from_step`` when given."""
+        body = _compact(fromStep=from_step)
+        return self._json(_Request("POST", _path("runs", run_id, "retry"), body=body))
+
+    def list_run_events(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> _D:
+        """One page of the run's history (events with ``seq > after``)."""
+        params = _params(after=after, limit=limit, cursor=cursor)
+        return self._json(_Request("GET", _path("runs", run_id, "events"), params))
+
+    def iter_run_events(self, run_id: str, *, after: int | None = None) -> _I:
+        """The run's whole history in order, following ``nextCursor``."""
+        req = _Request("GET", _path("runs", run_id, "events"), _params(after=after))
+        return self._iterate(req, "events")
+
+    # callbacks and events
+
+    def complete_callback(self, id_or_url: str, body: Any) -> _D:
+        """Complete a waiting callback; a full (signed) URL is POSTed to without the API key."""
+        if id_or_url.startswith(("http://", "https://")):
+            return self._json(_Request("POST", id_or_url, body=body, auth=False))
+        return self._json(_Request("POST", _path("callbacks", id_or_url), body=body))
+
+    def get_callback(self, callback_id: str) -> _D:
+        """A callback: ``pending``, ``completed`` or ``timedOut``, with its body."""
+        return self._json(_Request("GET", _path("callbacks", callback_id)))
+
+    def send_event(self, name: str, data: Any = None) -> _D:
+        """Send an event to every run waiting for ``name`` whose match fields equal ``data``."""
+        return self._json(_Request("POST", _path("events"), body={"name": name, "data": data}))
+
+    # schedules
+
+    def create_schedule(
+        self,
+        workflow: str,
+        cron: str,
+        *,
+        timezone: str = "UTC",
+        input: Any = None,
+        overlap: str | None = None,
+        misfire: str | None = None,
+        **options: Any,
+    ) -> _D:
+        """Create a cron schedule; extra ``options`` are sent with camelCase keys."""
+        body = {
+            "workflow": workflow,
+            "cron": cron,
+            "timezone": timezone,
+            **_compact(input=input, overlap=overlap, misfire=misfire),
+            **{_camel(k): v for k, v in options.items()},
+        }
+        return self._json(_Request("POST", _path("schedules"), body=body))
+
+    def list_schedules(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
+        """One page of schedules: ``{"schedules": [...], "nextCursor": ...}``."""
+        return self._json(_Request("GET", _path("schedules"), _params(limit=limit, cursor=cursor)))
+
+    def get_schedule(self, schedule_id: str) -> _D:
+        """One schedule."""
+        return self._json(_Request("GET", _path("schedules", schedule_id)))
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> _D:
+        """Change a schedule; keys are sent camelCased, ``None`` values included."""
+        body = {_camel(k): v for k, v in changes.items()}
+        return self._json(_Request("PATCH", _path("schedules", schedule_id), body=body))
+
+    def delete_schedule(self, schedule_id: str) -> _N:
+        """Remove a schedule."""
+        return self._none(_Request("DELETE", _path("schedules", schedule_id)))
+
+    def pause_schedule(self, schedule_id: str) -> _D:
+        """Stop firing until resumed."""
+        return self._json(_Request("POST", _path("schedules", schedule_id, "pause")))
+
+    def resume_schedule(self, schedule_id: str) -> _D:
+        """Fire again from the next tick."""
+        return self._json(_Request("POST", _path("schedules", schedule_id, "resume")))
+
+    def trigger_schedule(self, schedule_id: str) -> _D:
+        """Start a run of the schedule now; answers the run."""
+        return self._json(_Request("POST", _path("schedules", schedule_id, "trigger")))
+
+
+def _http_options(base_url: str, timeout: float, headers: Mapping[str, str] | None) -> JSON:
+    headers = {"User-Agent": "stepline-python", **(headers or {})}
+    return {"base_url": base_url, "timeout": timeout, "headers": headers}
+
+
+class Client(_Api[JSON, None, Iterator[JSON]]):
+    """Blocking client of the Stepline API; the key defaults to ``STEPLINE_API_KEY``."""
+
+    _http: httpx.Client
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(api_key, timeout)
+        self._http = httpx.Client(**_http_options(base_url, timeout, headers), transport=transport)
+
+    def _json(self, req: _Request) -> JSON:
+        return cast(JSON, _decode(self._http.send(self._build(req))) or {})
+
+    def _none(self, req: _Request) -> None:
+        _decode(self._http.send(self._build(req)))
+
+    def _wait(self, waiter: _Waiter) -> JSON:
+        while True:
+            run = self._json(waiter.next_request())
+            if waiter.done(run):
+                return run
+
+    def _iterate(self, req: _Request, key: str) -> Iterator[JSON]:
+        page_req: _Request | None = req
+        while page_req is not None:
+            page = self._json(page_req)
+            yield from page.get(key) or []
+            page_req = _next_page(page_req, page)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
+    """The same API as :class:`Client`, with ``async`` methods and ``async for`` iterators."""
+
+    _http: httpx.AsyncClient
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(api_key, timeout)
+        self._http = httpx.AsyncClient(
+            **_http_options(base_url, timeout, headers), transport=transport
+        )
+
+    async def _json(self, req: _Request) -> JSON:
+        return cast(JSON, _decode(await self._http.send(self._build(req))) or {})
+
+    async def _none(self, req: _Request) -> None:
+        _decode(await self._http.send(self._build(req)))
+
+    async def _wait(self, waiter: _Waiter) -> JSON:
+        while True:
+            run = await self._json(waiter.next_request())
+            if waiter.done(run):
+                return run
+
+    async def _iterate(self, req: _Request, key: str) -> AsyncIterator[JSON]:
+        page_req: _Request | None = req
+        while page_req is not None:
+            page = await self._json(page_req)
+            for item in page.get(key) or []:
+                yield item
+            page_req = _next_page(page_req, page)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,354 @@
+"""The replaying :class:`Context` a workflow receives, and the :class:`Callback` handle.
+
+Each ``ctx`` operation looks its step up by name in the recorded history. A finished record is
+replayed at once, without yielding to the event loop; anything new becomes a pending
+:class:`_Op` that the engine (``stepline._engine``) dispatches when the workflow is quiescent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid as uuid_module
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from stepline import _json, protocol
+from stepline._durations import Duration, to_ms
+from stepline._errors import (
+    CallbackTimeout,
+    Cancelled,
+    ChildWorkflowFailed,
+    DuplicateStepError,
+    NondeterminismError,
+    StepFailed,
+    SteplineError,
+    _Suspended,
+)
+from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
+
+if TYPE_CHECKING:
+    from stepline._workflow import WorkflowDef
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Op:
+    """A new operation waiting for the engine: its update and, when it resolves later, a future."""
+
+    name: str
+    update: StepUpdate
+    future: asyncio.Future[Any] | None = None
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
+
+
+class Callback:
+    """A callback created by :meth:`Context.callback`: POST JSON to ``url`` to complete it."""
+
+    def __init__(self, ctx: Context, name: str, id: str, url: str) -> None:
+        self._ctx = ctx
+        self.name = name
+        self.id = id
+        self.url = url
+
+    async def wait(self) -> Any:
+        """The POSTed JSON body; raises :class:`~stepline.CallbackTimeout` after the timeout."""
+        return await self._ctx._callback_wait(self.name)
+
+    def __repr__(self) -> str:
+        return f"Callback(name={self.name!r}, id={self.id!r}, url={self.url!r})"
+
+
+class Context:
+    """What a workflow uses to run steps, sleep and wait, durably and replay-safely."""
+
+    def __init__(self, request: protocol.InvokeRequest, definition: WorkflowDef) -> None:
+        self.run_id = request.run_id
+        self.workflow = request.workflow
+        self.attempt = request.attempt
+        self.retries = definition.retries
+        records = sorted(request.steps, key=lambda s: s.position)
+        self._records = {record.name: record for record in records}
+        self._reached: set[str] = set()
+        self._fresh: list[_Op] = []
+        self._futures: list[asyncio.Future[Any]] = []
+        self.blocked: list[asyncio.Future[Any]] = []
+        self.activity = 0  # bumps on every ctx call and wake-up: the engine's quiescence probe
+        self.waiting = 0  # ctx awaits in progress
+        self.closed = False
+        self._cancel_requested = request.cancel_requested
+        self.cancel_raised = False
+        self.fatal: SteplineError | None = None
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether cancellation of this run has been requested."""
+        return self._cancel_requested
+
+    # -- the operations ------------------------------------------------------------------
+
+    @overload
+    async def step(
+        self, name: str, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+    @overload
+    async def step(self, name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once (sync functions in a thread); return its JSON result."""
+        if not callable(fn):
+            raise TypeError(f"step {name!r}: fn must be callable")
+        record = self._enter(name, StepKind.RUN)
+        attempt = 1
+        if record is not None:
+            if record.status is StepStatus.COMPLETED:
+                return record.output
+            if record.status is StepStatus.FAILED:
+                raise StepFailed.from_info(name, record.error)
+            if record.status is StepStatus.CANCELLED:
+                raise self._cancelled()
+            attempt = record.attempt + 1
+        self._check_cancel()
+        if attempt > self.retries.attempts:
+            # Only a try that died with its process gets here: it counted as an attempt.
+            error = protocol.ErrorInfo(
+                type="StepInterrupted",
+                message=f"step {name!r} was interrupted on its last attempt ({attempt - 1})",
+                code="attempts_exhausted",
+            )
+            self._add(name, StepKind.RUN, Action.FAIL, attempt=attempt - 1, error=error)
+            raise StepFailed.from_info(name, error)
+        future = self._add(name, StepKind.RUN, Action.START, attempt=attempt, resolves=True)
+        self._fresh[-1].call = (fn, args, kwargs)
+        return await self._wait(future)
+
+    async def now(self, name: str) -> datetime:
+        """The current time (aware, UTC), recorded once and the same on every replay."""
+        record = self._enter(name, StepKind.VALUE)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            try:
+                value = datetime.fromisoformat(record.output)
+            except (TypeError, ValueError):
+                raise self.fail_run(
+                    NondeterminismError(f"step {name!r} was not recorded by ctx.now", name)
+                ) from None
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        self._replay_or_new(record)
+        text = datetime.now(UTC).isoformat()
+        self._add(name, StepKind.VALUE, Action.COMPLETE, output=text)
+        return datetime.fromisoformat(text)
+
+    async def uuid(self, name: str) -> str:
+        """A random UUID (string), recorded once and the same on every replay."""
+        record = self._enter(name, StepKind.VALUE)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return str(record.output)
+        self._replay_or_new(record)
+        value = str(uuid_module.uuid4())
+        self._add(name, StepKind.VALUE, Action.COMPLETE, output=value)
+        return value
+
+    async def sleep(self, name: str, duration: Duration) -> None:
+        """Sleep durably for ``duration`` (the run suspends; no process waits)."""
+        await self._sleep(name, to_ms(duration))
+
+    async def sleep_until(self, name: str, until: datetime) -> None:
+        """Sleep durably until ``until`` (an aware datetime); at once when it is past."""
+        if until.tzinfo is None:
+            raise ValueError("sleep_until needs an aware datetime (with a timezone)")
+        delay = (until - datetime.now(UTC)).total_seconds()
+        await self._sleep(name, max(0, round(delay * 1000)))
+
+    async def _sleep(self, name: str, delay_ms: int) -> None:
+        record = self._enter(name, StepKind.SLEEP)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return
+        await self._block(record, name, StepKind.SLEEP, Action.SLEEP, delay_ms=delay_ms)
+
+    async def callback(self, name: str, timeout: Duration | None = None) -> Callback:
+        """Create a callback (a signed URL); ``await cb.wait()`` for the JSON POSTed to it."""
+        timeout_ms = None if timeout is None else to_ms(timeout)
+        record = self._enter(name, StepKind.CALLBACK)
+        if record is not None:
+            if record.status is StepStatus.CANCELLED:
+                raise self._cancelled()
+            return Callback(self, name, record.callback_id or "", record.callback_url or "")
+        self._check_cancel()
+        future = self._add(
+            name, StepKind.CALLBACK, Action.CALLBACK, timeout_ms=timeout_ms, resolves=True
+        )
+        info: protocol.CallbackInfo = await self._wait(future)
+        return Callback(self, name, info.id, info.url)
+
+    async def _callback_wait(self, name: str) -> Any:
+        if self.closed:
+            raise _Suspended()
+        self.activity += 1
+        record = self._records.get(name)
+        if record is not None:
+            if record.status is StepStatus.COMPLETED:
+                return record.output
+            if record.status is StepStatus.FAILED:
+                if record.timed_out or record.error is None:
+                    raise CallbackTimeout(name)
+                raise StepFailed.from_info(name, record.error)
+            if record.status is StepStatus.CANCELLED:
+                raise self._cancelled()
+        self._check_cancel()
+        future = self._future()
+        self.blocked.append(future)
+        return await self._wait(future)
+
+    async def wait_for_event(
+        self,
+        name: str,
+        *,
+        event: str,
+        match: dict[str, Any] | None = None,
+        timeout: Duration | None = None,
+    ) -> Any:
+        """Wait for the event ``event`` whose data has ``match``'s fields; ``None`` on timeout."""
+        if not isinstance(event, str) or not event:
+            raise ValueError("wait_for_event needs an event name")
+        match = None if match is None else _json.round_trip(match)[0]
+        timeout_ms = None if timeout is None else to_ms(timeout)
+        record = self._enter(name, StepKind.EVENT)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return record.output
+        if record is not None and record.status is StepStatus.FAILED:
+            return None  # a timed-out wait recorded as failed means "no event"
+        return await self._block(
+            record, name, StepKind.EVENT, Action.EVENT, event=event, match=match,
+            timeout_ms=timeout_ms,
+        )  # fmt: skip
+
+    async def invoke(self, name: str, workflow: str, input: Any = None) -> Any:
+        """Run the workflow ``workflow`` as a child run; return its output.
+
+        Raises :class:`~stepline.ChildWorkflowFailed` when the child fails.
+        """
+        if not isinstance(workflow, str) or not workflow:
+            raise ValueError("invoke needs a workflow name")
+        payload = _json.round_trip(input)[0]
+        record = self._enter(name, StepKind.INVOKE)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return record.output
+        if record is not None and record.status is StepStatus.FAILED:
+            error = record.error or protocol.ErrorInfo(message="child workflow failed")
+            raise ChildWorkflowFailed(name, error, record.child_run_id)
+        return await self._block(
+            record, name, StepKind.INVOKE, Action.INVOKE, workflow=workflow, input=payload
+        )
+
+    # -- machinery -----------------------------------------------------------------------
+
+    def _enter(self, name: str, kind: StepKind) -> protocol.StepRecord | None:
+        if self.closed:
+            raise _Suspended()
+        self.activity += 1
+        if not isinstance(name, str) or not 1 <= len(name) <= 256:
+            raise ValueError(f"step names are strings of 1 to 256 characters, not {name!r}")
+        if name in self._reached:
+            raise self.fail_run(DuplicateStepError(name))
+        self._reached.add(name)
+        record = self._records.get(name)
+        if record is not None and record.kind != kind:
+            raise self.fail_run(
+                NondeterminismError(
+                    f"step {name!r} was recorded as a {record.kind.value} step but the code now "
+                    f"makes it a {kind.value} step; the workflow changed in a way that is not "
+                    "replay-safe",
+                    name,
+                    name,
+                )
+            )
+        return record
+
+    def _replay_or_new(self, record: protocol.StepRecord | None) -> None:
+        if record is not None and record.status is StepStatus.CANCELLED:
+            raise self._cancelled()
+        self._check_cancel()
+
+    async def _block(
+        self,
+        record: protocol.StepRecord | None,
+        name: str,
+        kind: StepKind,
+        action: Action,
+        **fields: Any,
+    ) -> Any:
+        """A wait: new → report it and block; recorded and not finished → block."""
+        self._replay_or_new(record)
+        if record is None:
+            future = self._add(name, kind, action, resolves=True, **fields)
+        else:
+            future = self._future()
+            self.blocked.append(future)
+        return await self._wait(future)
+
+    def _add(
+        self, name: str, kind: StepKind, action: Action, *, resolves: bool = False, **fields: Any
+    ) -> asyncio.Future[Any]:
+        update = StepUpdate(name=name, kind=kind, action=action, **fields)
+        future = self._future() if resolves else None
+        self._fresh.append(_Op(name, update, future))
+        return future  # type: ignore[return-value]
+
+    def _future(self) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._futures.append(future)
+        return future
+
+    async def _wait(self, future: asyncio.Future[Any]) -> Any:
+        self.activity += 1
+        self.waiting += 1
+        try:
+            return await future
+        finally:
+            self.waiting -= 1
+            self.activity += 1
+
+    def _check_cancel(self) -> None:
+        if self._cancel_requested and not self.cancel_raised:
+            raise self._cancelled()
+
+    def _cancelled(self) -> Cancelled:
+        self.cancel_raised = True
+        return Cancelled("the run was cancelled")
+
+    def fail_run(self, exc: SteplineError) -> SteplineError:
+        if self.fatal is None:
+            self.fatal = exc
+        return exc
+
+    # -- what the engine uses ------------------------------------------------------------
+
+    def take_fresh(self) -> list[_Op]:
+        """The new operations since the last call, in the order the workflow made them."""
+        fresh, self._fresh = self._fresh, []
+        return fresh
+
+    def unreached(self) -> list[protocol.StepRecord]:
+        """Recorded steps this execution has not reached yet, in recorded order."""
+        return [r for name, r in self._records.items() if name not in self._reached]
+
+    def request_cancel(self) -> None:
+        """Cancellation was requested while the invocation runs."""
+        self._cancel_requested = True
+
+    def inject_cancel(self) -> bool:
+        """Raise :class:`Cancelled` into the oldest blocked branch, if there is one."""
+        for future in self.blocked:
+            if not future.done():
+                future.set_exception(self._cancelled())
+                return True
+        return False
+
+    def close(self) -> None:
+        """End this execution: further ctx calls raise ``_Suspended``; pending waits end."""
+        self.closed = True
+        for future in self._futures:
+            if not future.done():
+                future.cancel()

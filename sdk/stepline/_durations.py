@@ -1,0 +1,51 @@
+"""Durations as API.md takes them: seconds, a ``timedelta``, or ``"500ms"``, ``"1h30m"``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+Duration = int | float | str | timedelta
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(value: Duration) -> float:
+    """Return ``value`` in seconds; raise ``ValueError`` for anything else or a negative."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if not text:
+            raise ValueError("empty duration")
+        try:
+            return _non_negative(float(text))
+        except ValueError:
+            pass
+        pos, seconds = 0, 0.0
+        for match in _PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNITS[match.group(2)]
+            pos = match.end()
+        if pos != len(text):
+            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m, 1d)")
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    return _non_negative(seconds)
+
+
+def _non_negative(seconds: float) -> float:
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"duration must be a finite, non-negative number of seconds: {seconds}")
+    return seconds
+
+
+def to_ms(value: Duration) -> int:
+    """Return ``value`` in whole milliseconds."""
+    return round(parse_duration(value) * 1000)

@@ -1,0 +1,253 @@
+"""The replay engine: one :class:`Invocation` runs a workflow until it ends or suspends.
+
+The workflow runs in its own task. The engine waits until it is *quiescent* (done, or every
+branch blocked on a ctx future), then acts on the new operations: waits and values are buffered,
+new ``run`` steps and callbacks cost one progress call (carrying everything buffered), after
+which the steps run concurrently and their results are buffered in turn. When nothing runs and
+nothing is new, the invocation answers ``suspended`` with what is still buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from stepline import _json, protocol
+from stepline._context import Context, _Op
+from stepline._durations import to_ms
+from stepline._errors import (
+    NondeterminismError,
+    RetryableError,
+    StepFailed,
+    TerminalError,
+    error_info,
+)
+from stepline._transport import ProgressSender, StaleInvocation
+from stepline._workflow import WorkflowDef
+from stepline.protocol import Action, InvokeStatus, StepUpdate
+
+logger = logging.getLogger("stepline")
+
+QUIET_YIELDS = 16
+"""Loop turns without ctx activity after which the workflow counts as quiescent."""
+
+FOREIGN_AWAIT_POLL = 0.005
+"""Seconds to let a workflow that awaits something other than ctx (no branch is blocked on ctx)."""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # an abandoned execution's end is not news
+
+
+class Invocation:
+    """One invocation of one run: replay, run what is new, answer."""
+
+    def __init__(
+        self, definition: WorkflowDef, request: protocol.InvokeRequest, sender: ProgressSender
+    ) -> None:
+        self.definition = definition
+        self.request = request
+        self.sender = sender
+        self.ctx = Context(request, definition)
+        self.buffer: list[StepUpdate] = []
+        self.running: set[asyncio.Task[None]] = set()
+        self.task: asyncio.Future[Any] | None = None
+
+    async def run(self) -> protocol.InvokeResponse:
+        """Drive the workflow to its answer. Raises ``OrchestratorUnavailable`` when stuck."""
+        coro = self.definition.fn(self.ctx, self.request.input)
+        self.task = asyncio.ensure_future(coro)
+        self.task.add_done_callback(_retrieve)
+        try:
+            return await self._drive(self.task)
+        except StaleInvocation:
+            self._abandon()
+            return protocol.InvokeResponse(status=InvokeStatus.STALE)
+        except BaseException:
+            self._abandon()
+            raise
+
+    async def _drive(self, task: asyncio.Future[Any]) -> protocol.InvokeResponse:
+        ctx = self.ctx
+        while True:
+            await self._settle(task)
+            fresh = ctx.take_fresh()
+            if fresh and ctx.fatal is None and (unreached := ctx.unreached()):
+                expected = unreached[0]
+                ctx.fail_run(
+                    NondeterminismError(
+                        f"step {fresh[0].name!r} is new, but the recorded history expects step "
+                        f"{expected.name!r} ({expected.kind.value}) first; the workflow code "
+                        "changed in a way that is not replay-safe (a step renamed, reordered "
+                        "or removed)",
+                        fresh[0].name,
+                        expected.name,
+                    )
+                )
+            if ctx.fatal is not None or task.done():
+                if ctx.fatal is None:
+                    # already-resolved ops (values, exhausted steps) were seen by the workflow
+                    self.buffer.extend(o.update for o in fresh if o.future is None)
+                return await self._finish(task)
+            if fresh:
+                await self._dispatch(fresh)
+                continue
+            if self.running:
+                await asyncio.wait({*self.running, task}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if ctx.waiting == 0:
+                # No branch waits on ctx, so the workflow awaits something else: let it.
+                await asyncio.wait({task}, timeout=FOREIGN_AWAIT_POLL)
+                continue
+            if ctx.cancel_requested and not ctx.cancel_raised and ctx.inject_cancel():
+                continue
+            self._abandon()
+            return self._answer(InvokeStatus.SUSPENDED)
+
+    async def _settle(self, task: asyncio.Future[Any]) -> None:
+        """Yield to the loop until the workflow is done or ctx activity stops changing."""
+        quiet, seen = 0, self.ctx.activity
+        while quiet < QUIET_YIELDS and not task.done():
+            await asyncio.sleep(0)
+            if self.ctx.activity == seen:
+                quiet += 1
+            else:
+                quiet, seen = 0, self.ctx.activity
+
+    async def _dispatch(self, fresh: list[_Op]) -> None:
+        """Buffer the new operations, or send them in one progress call when one needs it."""
+        for op in fresh:
+            if op.future is not None and op.update.action not in (Action.START, Action.CALLBACK):
+                self.ctx.blocked.append(op.future)
+        if not any(op.update.action in (Action.START, Action.CALLBACK) for op in fresh):
+            self.buffer.extend(op.update for op in fresh)
+            return
+        updates = [*self.buffer, *(op.update for op in fresh)]
+        self.buffer = []  # taken before the await: steps finishing meanwhile buffer anew
+        reply = await self.sender.progress(self.request, updates)
+        if reply.cancel_requested:
+            self.ctx.request_cancel()
+        for op in fresh:
+            if op.future is None or op.future.done():
+                continue
+            if op.update.action is Action.CALLBACK:
+                info = reply.callbacks.get(op.name)
+                if info is None:
+                    op.future.set_exception(
+                        RuntimeError(f"the orchestrator created no callback for {op.name!r}")
+                    )
+                else:
+                    op.future.set_result(info)
+            elif op.update.action is Action.START:
+                step = asyncio.ensure_future(self._execute(op))
+                self.running.add(step)
+                step.add_done_callback(self.running.discard)
+
+    async def _execute(self, op: _Op) -> None:
+        """Run one step attempt and buffer its outcome: complete, retry or fail."""
+        assert op.call is not None and op.future is not None
+        fn, args, kwargs = op.call
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(*args, **kwargs)
+            else:
+                result = await asyncio.to_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception as exc:
+            self._step_raised(op, exc)
+            return
+        try:
+            value, size = _json.round_trip(result)
+        except (TypeError, ValueError) as exc:
+            message = f"the result of step {op.name!r} is not JSON serialisable: {exc}"
+            self._step_failed(op, protocol.ErrorInfo(type="TypeError", message=message))
+            return
+        if size > _json.MAX_PAYLOAD_BYTES:
+            message = f"the result of step {op.name!r} is {size} bytes, over the 1 MiB limit"
+            info = protocol.ErrorInfo(
+                type="PayloadTooLarge", message=message, code="payload_too_large"
+            )
+            self._step_failed(op, info)
+            return
+        self._push(op, Action.COMPLETE, output=value)
+        self._resolve(op.future, value)
+
+    def _step_raised(self, op: _Op, exc: Exception) -> None:
+        info = error_info(exc)
+        attempt, retries = op.update.attempt, self.ctx.retries
+        if isinstance(exc, TerminalError) or attempt >= retries.attempts:
+            self._step_failed(op, info)
+            return
+        delay = retries.delay_ms(attempt)
+        if isinstance(exc, RetryableError) and exc.retry_after is not None:
+            try:
+                delay = to_ms(exc.retry_after)
+            except ValueError:
+                logger.warning("retry_after_ignored", extra={"step": op.name})
+        self._push(op, Action.RETRY, error=info, delay_ms=delay)
+        if op.future is not None:
+            self.ctx.blocked.append(op.future)  # the branch waits for the next invocation
+
+    def _step_failed(self, op: _Op, info: protocol.ErrorInfo) -> None:
+        self._push(op, Action.FAIL, error=info)
+        if op.future is not None and not op.future.done():
+            op.future.set_exception(StepFailed.from_info(op.name, info))
+            self.ctx.activity += 1
+
+    def _push(self, op: _Op, action: Action, **fields: Any) -> None:
+        self.buffer.append(
+            StepUpdate(
+                name=op.name, kind=op.update.kind, action=action, attempt=op.update.attempt,
+                **fields,
+            )
+        )  # fmt: skip
+
+    def _resolve(self, future: asyncio.Future[Any], value: Any) -> None:
+        if not future.done():
+            future.set_result(value)
+            self.ctx.activity += 1
+
+    async def _finish(self, task: asyncio.Future[Any]) -> protocol.InvokeResponse:
+        """The workflow ended (or must): let started steps finish, then answer."""
+        ctx = self.ctx
+        ctx.close()
+        if not task.done():
+            task.cancel()
+        if self.running:
+            await asyncio.wait(set(self.running))
+        if ctx.fatal is not None:
+            return self._answer(InvokeStatus.FAILED, error=error_info(ctx.fatal))
+        if ctx.cancel_raised:
+            return self._answer(InvokeStatus.CANCELLED)
+        if task.cancelled():
+            info = protocol.ErrorInfo(type="CancelledError", message="the workflow was cancelled")
+            return self._answer(InvokeStatus.FAILED, error=info)
+        exc = task.exception()
+        if exc is not None:
+            return self._answer(InvokeStatus.FAILED, error=error_info(exc))
+        try:
+            output, size = _json.round_trip(task.result())
+        except (TypeError, ValueError) as err:
+            message = f"the workflow's output is not JSON serialisable: {err}"
+            return self._answer(InvokeStatus.FAILED, error=protocol.ErrorInfo(message=message))
+        if size > _json.MAX_PAYLOAD_BYTES:
+            message = f"the workflow's output is {size} bytes, over the 1 MiB limit"
+            info = protocol.ErrorInfo(
+                type="PayloadTooLarge", message=message, code="payload_too_large"
+            )
+            return self._answer(InvokeStatus.FAILED, error=info)
+        return self._answer(InvokeStatus.COMPLETED, output=output)
+
+    def _answer(self, status: InvokeStatus, **fields: Any) -> protocol.InvokeResponse:
+        return protocol.InvokeResponse(status=status, updates=list(self.buffer), **fields)
+
+    def _abandon(self) -> None:
+        """Stop everything this execution started; the answer is already decided."""
+        self.ctx.close()
+        for task in (self.task, *self.running):
+            if task is not None and not task.done():
+                task.cancel()

@@ -1,0 +1,155 @@
+"""The SDK's exceptions: what a workflow may raise or catch, and what the handler rejects.
+
+The tree::
+
+    SteplineError (Exception)
+    ├── TerminalError           raise it in a step or workflow: never retried
+    ├── RetryableError          raise it in a step to choose the retry delay (retry_after)
+    ├── Cancelled               raised into the workflow after a cancel request
+    ├── CallbackTimeout         Callback.wait() after the callback's timeout
+    ├── ChildWorkflowFailed     ctx.invoke() when the child run failed
+    ├── StepFailed              a step failed for good (terminal error or attempts spent)
+    ├── NondeterminismError     the code no longer matches the recorded history
+    ├── DuplicateStepError      two steps of one run share a name (also a ValueError)
+    └── SignatureError          a request's Stepline-Signature did not verify
+
+    _Suspended (BaseException)  internal: ends an execution; never catch it
+
+Every exception carries its data as attributes, so code that catches one can act on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepline import protocol
+
+
+class SteplineError(Exception):
+    """Base of every Stepline exception."""
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message if message is not None else (type(self).__doc__ or "").strip()
+        super().__init__(self.message)
+
+
+class TerminalError(SteplineError):
+    """A failure that must not be retried."""
+
+    def __init__(self, message: str = "terminal error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RetryableError(SteplineError):
+    """A failure to retry, optionally after ``retry_after`` (a duration) instead of backoff."""
+
+    def __init__(self, message: str = "retryable error", retry_after: Any = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Cancelled(SteplineError):
+    """The run was cancelled; cleanup steps may still run in ``except``/``finally``."""
+
+
+class CallbackTimeout(SteplineError):
+    """The callback was not completed before its timeout."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(f"callback {step!r} timed out before it was completed")
+        self.step = step
+
+
+class ChildWorkflowFailed(SteplineError):
+    """A child workflow started with ``ctx.invoke`` failed."""
+
+    def __init__(
+        self, step: str, error: protocol.ErrorInfo, child_run_id: str | None = None
+    ) -> None:
+        super().__init__(f"child workflow of step {step!r} failed: {error.type}: {error.message}")
+        self.step = step
+        self.error = error
+        self.child_run_id = child_run_id
+
+
+class StepFailed(SteplineError):
+    """A step failed for good: a terminal error, or every attempt failed."""
+
+    def __init__(self, step: str, error_type: str, message: str, code: str | None = None) -> None:
+        super().__init__(f"step {step!r} failed: {error_type}: {message}")
+        self.step = step
+        self.error_type = error_type
+        self.error_message = message
+        self.code = code
+
+    @classmethod
+    def from_info(cls, step: str, error: protocol.ErrorInfo | None) -> StepFailed:
+        """Build from a recorded error."""
+        info = error or protocol.ErrorInfo()
+        return cls(step, info.type, info.message, info.code)
+
+    def info(self) -> protocol.ErrorInfo:
+        """The step's error as recorded."""
+        return protocol.ErrorInfo(type=self.error_type, message=self.error_message, code=self.code)
+
+
+class NondeterminismError(SteplineError):
+    """The workflow code does not match the run's recorded history."""
+
+    code = "nondeterminism"
+
+    def __init__(self, message: str, step: str, expected: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.expected = expected
+
+
+class DuplicateStepError(SteplineError, ValueError):
+    """Two steps of one run have the same name."""
+
+    code = "duplicate_step"
+
+    def __init__(self, step: str) -> None:
+        super().__init__(f"step name {step!r} is used twice in this run; step names must be unique")
+        self.step = step
+
+
+class SignatureError(SteplineError):
+    """A request's signature is missing, malformed, forged or too old."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid Stepline-Signature: {reason}")
+        self.reason = reason
+
+
+class _Suspended(BaseException):
+    """Internal signal: this execution of the workflow is over.
+
+    Do not catch it: Stepline raises it from a ctx call once the invocation has been answered
+    (the run suspended, ended, or another invocation owns it). It derives from BaseException
+    so that ``except Exception`` lets it through; re-raise it if you catch BaseException.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this workflow execution has ended (suspended or superseded); "
+            "stepline._Suspended must not be caught"
+        )
+
+
+def error_info(exc: BaseException) -> protocol.ErrorInfo:
+    """How an exception is recorded: type, message (bounded) and stable code."""
+    if isinstance(exc, StepFailed):
+        return exc.info()
+    code: str | None = None
+    if isinstance(exc, TerminalError | NondeterminismError | DuplicateStepError):
+        code = exc.code
+    elif isinstance(exc, ChildWorkflowFailed):
+        code = exc.error.code
+    elif isinstance(exc, CallbackTimeout):
+        code = "callback_timeout"
+    message = str(exc) or repr(exc)
+    if len(message) > 4000:
+        message = message[:4000] + "…"
+    return protocol.ErrorInfo(type=type(exc).__name__, message=message, code=code)

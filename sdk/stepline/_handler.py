@@ -1,0 +1,161 @@
+"""The pure ASGI app the orchestrator calls: ``describe`` and ``invoke``, signed POSTs.
+
+It does not depend on where it is mounted. Each POST is read (at most 16 MiB), its signature is
+verified before anything else, then the ``kind`` in the body says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from stepline import _json, _signing, protocol
+from stepline._errors import SignatureError
+from stepline._transport import OrchestratorUnavailable
+
+if TYPE_CHECKING:
+    from stepline._workflow import Stepline
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+logger = logging.getLogger("stepline")
+
+
+class _Reject(Exception):
+    """An error answer in API.md's shape."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details is not None:
+            error["details"] = self.details
+        return {"error": error}
+
+
+class Handler:
+    """ASGI app answering the orchestrator's signed ``describe`` and ``invoke`` calls."""
+
+    def __init__(self, stepline: Stepline) -> None:
+        self.stepline = stepline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1000})
+            return
+        try:
+            status, body = await self._handle(scope, receive)
+        except _Reject as reject:
+            status, body = reject.status, reject.body()
+        except Exception:
+            logger.exception("invocation_crashed")
+            status, body = 500, _Reject(500, "internal", "the SDK handler failed").body()
+        headers = [(b"content-type", b"application/json")]
+        if status == 405:
+            headers.append((b"allow", b"GET, POST"))
+        payload = b"" if scope.get("method") == "HEAD" else _json.dumps(body)
+        await _respond(send, status, payload, headers)
+
+    async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
+        method = scope.get("method", "GET")
+        if method in ("GET", "HEAD"):
+            return 200, {"sdk": "stepline", "version": _version()}
+        if method != "POST":
+            raise _Reject(405, "method_not_allowed", f"{method} is not allowed; use POST")
+        body = await _read_body(scope, receive)
+        header = _header(scope, protocol.SIGNATURE_HEADER.encode())
+        try:
+            _signing.verify(body, header, self.stepline.signing_secrets)
+        except SignatureError as exc:
+            raise _Reject(401, "unauthorized", exc.message) from None
+        try:
+            payload = _json.loads(body)
+        except ValueError:
+            raise _Reject(400, "invalid_json", "the body is not valid JSON") from None
+        kind = payload.get("kind") if isinstance(payload, dict) else None
+        if kind == "describe":
+            return 200, protocol.dump(self.stepline.describe())
+        if kind != "invoke":
+            raise _Reject(422, "validation_failed", f"unknown kind {kind!r}", {"fields": ["kind"]})
+        try:
+            request = protocol.InvokeRequest.model_validate(payload)
+        except pydantic.ValidationError as exc:
+            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            raise _Reject(
+                422, "validation_failed", "the invoke request is not valid", {"fields": fields}
+            ) from None
+        if self.stepline.get(request.workflow) is None:
+            raise _Reject(
+                404,
+                "workflow_not_found",
+                f"workflow {request.workflow!r} is not registered in this app",
+            )
+        try:
+            response = await self.stepline.invoke(request)
+        except OrchestratorUnavailable as exc:
+            raise _Reject(503, "orchestrator_unavailable", str(exc)) from None
+        return 200, protocol.dump(response)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stepline.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _version() -> str:
+    from stepline._workflow import __version__
+
+    return __version__
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    length = _header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _Reject(413, "payload_too_large", "the body is over 16 MiB")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Reject(400, "invalid_request", "the client disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _Reject(413, "payload_too_large", "the body is over 16 MiB")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

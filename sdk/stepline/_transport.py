@@ -1,0 +1,115 @@
+"""Progress calls from the SDK to the orchestrator during an invocation.
+
+``POST {apiUrl}/v1/invocations/{invocationId}/progress`` with the invocation's bearer token and
+a :class:`~stepline.protocol.ProgressRequest`. A ``409`` means another invocation owns the run
+(:class:`StaleInvocation`); network errors and ``5xx`` are retried a few times, then reported as
+:class:`OrchestratorUnavailable` (the handler answers ``503`` and the orchestrator retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+import httpx
+import pydantic
+
+from stepline import _json, protocol
+
+logger = logging.getLogger("stepline")
+
+__all__ = ["OrchestratorUnavailable", "ProgressSender", "StaleInvocation", "Transport"]
+
+
+class StaleInvocation(Exception):
+    """The orchestrator refused a progress call: another invocation owns the run."""
+
+
+class OrchestratorUnavailable(Exception):
+    """Progress calls kept failing; the invocation cannot go on."""
+
+
+class ProgressSender(Protocol):
+    """What the engine needs to report progress (HTTP here; in memory in ``stepline.testing``)."""
+
+    async def progress(
+        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+    ) -> protocol.ProgressResponse:
+        """Commit ``updates`` for the invocation ``request``; answer the orchestrator's reply."""
+        ...
+
+
+class Transport:
+    """Sends progress calls over one shared keep-alive ``httpx.AsyncClient``."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient | None = None,
+        *,
+        retries: int = 3,
+        backoff: float = 0.2,
+    ) -> None:
+        self._client = client
+        self._owned = client is None
+        self.retries = retries
+        self.backoff = backoff
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client, made on first use when none was given."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+                timeout=httpx.Timeout(30.0, connect=5.0),
+            )
+        return self._client
+
+    @client.setter
+    def client(self, value: httpx.AsyncClient) -> None:
+        self._client, self._owned = value, False
+
+    async def progress(
+        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+    ) -> protocol.ProgressResponse:
+        """POST the updates; retry transient failures; raise on a stale or lost orchestrator."""
+        url = f"{request.api_url.rstrip('/')}/v1/invocations/{request.invocation_id}/progress"
+        body = protocol.dump(protocol.ProgressRequest(runId=request.run_id, updates=updates))
+        content = _json.dumps(body)
+        headers = {
+            "Authorization": f"Bearer {request.token}",
+            "Content-Type": "application/json",
+        }
+        problem = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                answer = await self.client.post(url, content=content, headers=headers)
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            if answer.status_code == 409:
+                raise StaleInvocation(answer.text[:500])
+            if answer.status_code >= 500:
+                problem = f"HTTP {answer.status_code}"
+                continue
+            if answer.status_code != 200:
+                raise OrchestratorUnavailable(
+                    f"progress call refused with HTTP {answer.status_code}: {answer.text[:500]}"
+                )
+            try:
+                return protocol.ProgressResponse.model_validate(answer.json())
+            except (ValueError, pydantic.ValidationError) as exc:
+                raise OrchestratorUnavailable(f"progress answer is not valid: {exc}") from None
+        logger.warning(
+            "progress_call_failed",
+            extra={"invocation_id": request.invocation_id, "problem": problem},
+        )
+        raise OrchestratorUnavailable(f"progress call failed {self.retries + 1} times: {problem}")
+
+    async def aclose(self) -> None:
+        """Close the client if this transport made it."""
+        if self._client is not None and self._owned:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,204 @@
+"""The workflow registry: :class:`Stepline` (one per app), :class:`Retries` and the decorator."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+
+from stepline import protocol
+from stepline._deployment import detect_deployment_id
+from stepline._durations import Duration, to_ms
+from stepline._transport import Transport
+
+if TYPE_CHECKING:
+    from stepline._context import Context
+    from stepline._handler import Handler
+
+__version__ = "0.1.0"
+
+WORKFLOW_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+WorkflowFn = Callable[["Context", Any], Awaitable[Any]]
+F = TypeVar("F", bound=WorkflowFn)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How often a failing step runs: ``attempts`` counts every try, the first included.
+
+    The delay before try ``n + 1`` is ``min(max_delay, initial_delay * factor ** (n - 1))``.
+    """
+
+    attempts: int = 3
+    initial_delay: Duration = "1s"
+    max_delay: Duration = "1h"
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise TypeError("Retries.attempts must be an int")
+        if self.attempts < 1:
+            raise ValueError("Retries.attempts must be at least 1 (it counts the first try)")
+        if self.factor < 1:
+            raise ValueError("Retries.factor must be at least 1")
+        to_ms(self.initial_delay), to_ms(self.max_delay)  # validate early
+
+    def delay_ms(self, attempt: int) -> int:
+        """The delay after failed try ``attempt`` (counted from 1)."""
+        delay = to_ms(self.initial_delay) * self.factor ** max(0, attempt - 1)
+        return int(min(to_ms(self.max_delay), delay))
+
+    def policy(self) -> protocol.RetryPolicy:
+        """As the wire protocol describes it."""
+        return protocol.RetryPolicy(
+            attempts=self.attempts,
+            initialDelayMs=to_ms(self.initial_delay),
+            maxDelayMs=to_ms(self.max_delay),
+            factor=self.factor,
+        )
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    """A registered workflow: its function and options."""
+
+    name: str
+    fn: WorkflowFn
+    retries: Retries = field(default_factory=Retries)
+    timeout_ms: int | None = None
+    concurrency: int | None = None
+    schedule: protocol.ScheduleSpec | None = None
+
+    def info(self) -> protocol.WorkflowInfo:
+        """As ``describe`` reports it."""
+        return protocol.WorkflowInfo(
+            name=self.name,
+            retries=self.retries.policy(),
+            timeoutMs=self.timeout_ms,
+            concurrency=self.concurrency,
+            schedule=self.schedule,
+        )
+
+
+def _schedule(
+    value: str | dict[str, Any] | protocol.ScheduleSpec | None,
+) -> protocol.ScheduleSpec | None:
+    if value is None or isinstance(value, protocol.ScheduleSpec):
+        return value
+    if isinstance(value, str):
+        return protocol.ScheduleSpec(cron=value)
+    return protocol.ScheduleSpec.model_validate(value)
+
+
+def _secrets(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        value = os.environ.get("STEPLINE_SIGNING_SECRET", "")
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(p.strip() for p in parts if p and p.strip())
+
+
+class Stepline:
+    """An app's workflows, its signing secrets and its ASGI handler.
+
+    ``signing_secret``: one secret or several (newest first; all verify); default
+    ``STEPLINE_SIGNING_SECRET`` (comma separated). ``http_client``: the client used for
+    progress calls to the orchestrator (default: one shared keep-alive client, made lazily).
+    """
+
+    def __init__(
+        self,
+        signing_secret: str | Sequence[str] | None = None,
+        *,
+        deployment_id: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
+        self.deployment_id: str | None = deployment_id or detect_deployment_id()
+        self.transport = Transport(http_client)
+        self._workflows: dict[str, WorkflowDef] = {}
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        retries: Retries | int | None = None,
+        timeout: Duration | None = None,
+        concurrency: int | None = None,
+        schedule: str | dict[str, Any] | protocol.ScheduleSpec | None = None,
+    ) -> Callable[[F], F]:
+        """Register ``async def fn(ctx, input)`` as the workflow ``name``."""
+        if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
+            raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
+        if name in self._workflows:
+            raise ValueError(f"workflow {name!r} is already registered")
+        policy = Retries(attempts=retries) if isinstance(retries, int) else retries or Retries()
+        if concurrency is not None and concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        timeout_ms = None if timeout is None else to_ms(timeout)
+        spec = _schedule(schedule)
+
+        def register(fn: F) -> F:
+            probe: Any = fn  # keeps mypy from narrowing F away
+            if not inspect.iscoroutinefunction(probe):
+                raise TypeError(f"workflow {name!r} must be an async function (async def)")
+            if name in self._workflows:
+                raise ValueError(f"workflow {name!r} is already registered")
+            self._workflows[name] = WorkflowDef(
+                name=name,
+                fn=fn,
+                retries=policy,
+                timeout_ms=timeout_ms,
+                concurrency=concurrency,
+                schedule=spec,
+            )
+            return fn
+
+        return register
+
+    @property
+    def workflows(self) -> Mapping[str, WorkflowDef]:
+        """The registered workflows by name."""
+        return dict(self._workflows)
+
+    def get(self, name: str) -> WorkflowDef | None:
+        """The workflow registered as ``name``, if any."""
+        return self._workflows.get(name)
+
+    def describe(self) -> protocol.DescribeResponse:
+        """The app's answer to ``describe``."""
+        return protocol.DescribeResponse(
+            workflows=[w.info() for w in self._workflows.values()],
+            deploymentId=self.deployment_id,
+            sdkVersion=__version__,
+        )
+
+    def asgi(self) -> Handler:
+        """The pure ASGI app to mount (any path): answers the orchestrator's signed calls."""
+        from stepline._handler import Handler
+
+        return Handler(self)
+
+    async def invoke(self, request: protocol.InvokeRequest) -> protocol.InvokeResponse:
+        """Run one invocation (replay, then continue) and return its answer.
+
+        Raises ``LookupError`` for an unknown workflow and
+        :class:`stepline._transport.OrchestratorUnavailable` when progress calls keep failing.
+        """
+        from stepline._engine import Invocation
+
+        definition = self._workflows.get(request.workflow)
+        if definition is None:
+            raise LookupError(f"workflow {request.workflow!r} is not registered in this app")
+        response = await Invocation(definition, request, self.transport).run()
+        response.deployment_id = self.deployment_id
+        return response
+
+    async def aclose(self) -> None:
+        """Close the HTTP client used for progress calls (when Stepline made it)."""
+        await self.transport.aclose()

@@ -1,0 +1,214 @@
+"""The wire protocol between the orchestrator and an app's SDK handler, defined once.
+
+Three exchanges (see docs/protocol.md):
+
+- ``invoke``: the orchestrator POSTs a signed :class:`InvokeRequest` to the app; the app
+  answers with an :class:`InvokeResponse` (``completed``, ``failed``, ``suspended`` or
+  ``stale``).
+- ``describe``: the orchestrator POSTs a signed :class:`DescribeRequest`; the app answers with
+  a :class:`DescribeResponse` listing its workflows (used by app sync).
+- ``progress``: while an invocation runs, the SDK POSTs :class:`ProgressRequest` to
+  ``{apiUrl}/v1/invocations/{invocationId}/progress`` with ``Authorization: Bearer {token}``;
+  the orchestrator commits the updates and answers :class:`ProgressResponse`.
+
+Both sides import these models, so a change here changes both ends at once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SIGNATURE_HEADER = "stepline-signature"
+"""Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
+
+PROTOCOL_VERSION = 1
+
+
+class StepKind(StrEnum):
+    """What a step is."""
+
+    RUN = "run"  # a user function
+    SLEEP = "sleep"  # a timer
+    VALUE = "value"  # ctx.now / ctx.uuid
+    CALLBACK = "callback"  # a signed URL someone POSTs to
+    EVENT = "event"  # waits for POST /v1/events
+    INVOKE = "invoke"  # a child workflow run
+
+
+class StepStatus(StrEnum):
+    """Where a step stands."""
+
+    RUNNING = "running"  # started, result not yet recorded
+    RETRYING = "retrying"  # an attempt failed; the next one is due at wakeAt
+    COMPLETED = "completed"  # has its output
+    FAILED = "failed"  # attempts spent or terminal error; has its error
+    CANCELLED = "cancelled"  # the run was cancelled while the step waited
+    SLEEPING = "sleeping"  # a sleep until wakeAt
+    WAITING = "waiting"  # a callback, an event or a child run
+
+
+class Action(StrEnum):
+    """What a :class:`StepUpdate` reports."""
+
+    START = "start"  # a run step is about to execute (attempt given)
+    COMPLETE = "complete"  # a run or value step's result (output)
+    FAIL = "fail"  # a run step failed for good (error)
+    RETRY = "retry"  # a run step attempt failed; retry after delayMs (error)
+    SLEEP = "sleep"  # start a sleep of delayMs
+    CALLBACK = "callback"  # create a callback (timeoutMs optional)
+    EVENT = "event"  # wait for an event (event, match, timeoutMs)
+    INVOKE = "invoke"  # start a child run (workflow, input)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class ErrorInfo(_Model):
+    """An error as recorded: the exception type, a message and an optional stable code."""
+
+    type: str = "Error"
+    message: str = ""
+    code: str | None = None
+
+
+class StepRecord(_Model):
+    """A recorded step, as the orchestrator sends it in an invocation."""
+
+    name: str
+    kind: StepKind
+    status: StepStatus
+    position: int
+    attempt: int = 1
+    output: Any = None
+    error: ErrorInfo | None = None
+    wake_at: str | None = Field(default=None, alias="wakeAt")
+    callback_id: str | None = Field(default=None, alias="callbackId")
+    callback_url: str | None = Field(default=None, alias="callbackUrl")
+    child_run_id: str | None = Field(default=None, alias="childRunId")
+    timed_out: bool = Field(default=False, alias="timedOut")
+
+
+class InvokeRequest(_Model):
+    """The orchestrator asks the app to run (replay and continue) a workflow run."""
+
+    kind: Literal["invoke"] = "invoke"
+    run_id: str = Field(alias="runId")
+    workflow: str
+    input: Any = None
+    invocation_id: str = Field(alias="invocationId")
+    token: str
+    api_url: str = Field(alias="apiUrl")
+    attempt: int = 1
+    cancel_requested: bool = Field(default=False, alias="cancelRequested")
+    steps: list[StepRecord] = Field(default_factory=list)
+
+
+class DescribeRequest(_Model):
+    """The orchestrator asks the app which workflows it hosts."""
+
+    kind: Literal["describe"] = "describe"
+
+
+class RetryPolicy(_Model):
+    """Retry policy of a workflow: ``attempts`` counts every try, the first included."""
+
+    attempts: int = 3
+    initial_delay_ms: int = Field(default=1000, alias="initialDelayMs")
+    max_delay_ms: int = Field(default=3_600_000, alias="maxDelayMs")
+    factor: float = 2.0
+
+
+class ScheduleSpec(_Model):
+    """A schedule declared in code on a workflow."""
+
+    cron: str
+    timezone: str = "UTC"
+    input: Any = None
+    overlap: str = "allow"
+    misfire: str = "fire_once"
+
+
+class WorkflowInfo(_Model):
+    """A workflow as the app describes it."""
+
+    name: str
+    retries: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeout_ms: int | None = Field(default=None, alias="timeoutMs")
+    concurrency: int | None = None
+    schedule: ScheduleSpec | None = None
+
+
+class DescribeResponse(_Model):
+    """The app's answer to ``describe``."""
+
+    workflows: list[WorkflowInfo]
+    deployment_id: str | None = Field(default=None, alias="deploymentId")
+    sdk_version: str | None = Field(default=None, alias="sdkVersion")
+    protocol: int = PROTOCOL_VERSION
+
+
+class StepUpdate(_Model):
+    """One change to a run's steps, reported by the SDK in order."""
+
+    name: str = Field(max_length=256, min_length=1)
+    kind: StepKind
+    action: Action
+    attempt: int = 1
+    output: Any = None
+    error: ErrorInfo | None = None
+    delay_ms: int | None = Field(default=None, alias="delayMs")
+    timeout_ms: int | None = Field(default=None, alias="timeoutMs")
+    event: str | None = None
+    match: dict[str, Any] | None = None
+    workflow: str | None = None
+    input: Any = None
+
+
+class ProgressRequest(_Model):
+    """Step updates committed during an invocation (one round trip per step)."""
+
+    run_id: str = Field(alias="runId")
+    updates: list[StepUpdate]
+
+
+class CallbackInfo(_Model):
+    """A callback created by a ``callback`` update."""
+
+    id: str
+    url: str
+
+
+class ProgressResponse(_Model):
+    """The orchestrator's acknowledgement of a :class:`ProgressRequest`."""
+
+    cancel_requested: bool = Field(default=False, alias="cancelRequested")
+    callbacks: dict[str, CallbackInfo] = Field(default_factory=dict)
+
+
+class InvokeStatus(StrEnum):
+    """How an invocation ended."""
+
+    COMPLETED = "completed"  # the workflow returned: output
+    FAILED = "failed"  # the workflow raised: error
+    SUSPENDED = "suspended"  # every branch is blocked on a sleep, wait, child or retry
+    CANCELLED = "cancelled"  # the workflow finished after a cancel request
+    STALE = "stale"  # the orchestrator refused a progress call: another invocation owns the run
+
+
+class InvokeResponse(_Model):
+    """The app's answer to ``invoke``: final updates plus how the invocation ended."""
+
+    status: InvokeStatus
+    updates: list[StepUpdate] = Field(default_factory=list)
+    output: Any = None
+    error: ErrorInfo | None = None
+    deployment_id: str | None = Field(default=None, alias="deploymentId")
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """Serialise a protocol model with its wire (camelCase) names."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)

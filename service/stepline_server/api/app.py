@@ -1,0 +1,74 @@
+"""The Starlette application: every public route, the error handlers, start-up and shutdown."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute, Route
+
+from stepline_server.api import routes_apps as apps
+from stepline_server.api import routes_health as health
+from stepline_server.api import routes_protocol as protocol
+from stepline_server.api import routes_runs as runs
+from stepline_server.api import routes_waits as waits
+from stepline_server.api.auth import KeyCache
+from stepline_server.api.errors import ApiError, handle_api_error, handle_unexpected
+from stepline_server.orchestrator import Orchestrator
+
+ROUTES: list[BaseRoute] = [
+    Route("/healthz", health.healthz, methods=["GET"]),
+    Route("/readyz", health.readyz, methods=["GET"]),
+    Route("/metrics", health.metrics, methods=["GET"]),
+    Route("/v1/apps", apps.create_app, methods=["POST"]),
+    Route("/v1/apps", apps.list_apps, methods=["GET"]),
+    Route("/v1/apps/{app}", apps.get_app, methods=["GET"]),
+    Route("/v1/apps/{app}", apps.update_app, methods=["PATCH"]),
+    Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
+    Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
+    Route("/v1/workflows", apps.list_workflows, methods=["GET"]),
+    Route("/v1/runs", runs.start_run, methods=["POST"]),
+    Route("/v1/runs", runs.list_runs, methods=["GET"]),
+    Route("/v1/runs/{runId}", runs.get_run, methods=["GET"]),
+    Route("/v1/runs/{runId}/cancel", runs.cancel_run, methods=["POST"]),
+    Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
+    Route("/v1/runs/{runId}/events", runs.list_events, methods=["GET"]),
+    Route("/v1/callbacks/{callbackId}", waits.get_callback, methods=["GET"]),
+    Route("/v1/callbacks/{callbackId}", waits.complete_callback, methods=["POST"]),
+    Route(
+        "/v1/callbacks/{callbackId}/{signature}", waits.complete_signed_callback, methods=["POST"]
+    ),
+    Route("/v1/events", waits.send_event, methods=["POST"]),
+    Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
+]
+
+
+def route_table() -> list[tuple[str, set[str]]]:
+    """Every public route as (path template, methods), for the OpenAPI parity test."""
+    table = []
+    for route in ROUTES:
+        assert isinstance(route, Route)
+        methods = set(route.methods or ()) - {"HEAD", "OPTIONS"}
+        table.append((route.path, methods))
+    return table
+
+
+def build_app(orchestrator: Orchestrator) -> Starlette:
+    """The orchestrator's ASGI app; its lifespan starts and stops ``orchestrator``."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await orchestrator.start()
+        app.state.orchestrator = orchestrator
+        app.state.keys = KeyCache(orchestrator.pool)
+        try:
+            yield
+        finally:
+            await orchestrator.stop()
+
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={ApiError: handle_api_error, Exception: handle_unexpected},
+    )

@@ -1,0 +1,99 @@
+"""API errors and the one handler that maps them to API.md's error shape.
+
+ApiError                      code, status, message, details
+ ├── InvalidJson              400 invalid_json
+ ├── ValidationFailed         422 validation_failed (details name the fields)
+ ├── PayloadTooLarge          413 payload_too_large
+ ├── Unauthorized             401 unauthorized
+ ├── NotFound                 404 not_found
+ ├── RunKeyConflict           409 run_key_conflict
+ ├── InvalidState             409 invalid_state
+ ├── StaleInvocation          409 stale_invocation
+ └── AppUnreachable           502 app_unreachable
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from stepline_server.api.responses import json_response
+
+log = structlog.get_logger("stepline.api")
+
+
+class ApiError(Exception):
+    """An error answered to the caller."""
+
+    code = "internal"
+    status = 500
+    default = "something went wrong"
+
+    def __init__(self, message: str | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message or self.default)
+        self.message = message or self.default
+        self.details = details or {}
+
+
+class InvalidJson(ApiError):
+    code, status, default = "invalid_json", 400, "the request body is not valid JSON"
+
+
+class ValidationFailed(ApiError):
+    code, status, default = "validation_failed", 422, "the request is not valid"
+
+
+class PayloadTooLarge(ApiError):
+    code, status, default = "payload_too_large", 413, "the request body is larger than 1 MiB"
+
+
+class Unauthorized(ApiError):
+    code, status, default = "unauthorized", 401, "a valid API key is required"
+
+
+class NotFound(ApiError):
+    code, status, default = "not_found", 404, "not found"
+
+
+class RunKeyConflict(ApiError):
+    code, status, default = "run_key_conflict", 409, "the run key belongs to another run"
+
+
+class InvalidState(ApiError):
+    code, status, default = "invalid_state", 409, "not allowed in the current state"
+
+
+class StaleInvocation(ApiError):
+    code, status, default = "stale_invocation", 409, "another invocation owns the run now"
+
+
+class AppUnreachable(ApiError):
+    code, status, default = "app_unreachable", 502, "the app could not be reached"
+
+
+def from_validation(exc: ValidationError) -> ValidationFailed:
+    """A pydantic error as a 422 naming each bad field."""
+    fields = {".".join(str(p) for p in e["loc"]) or "body": e["msg"] for e in exc.errors()}
+    names = ", ".join(fields)
+    return ValidationFailed(f"invalid fields: {names}", {"fields": fields})
+
+
+def error_response(exc: ApiError) -> Response:
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.details:
+        body["details"] = exc.details
+    return json_response({"error": body}, exc.status)
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("request_failed", path=request.url.path)
+    return error_response(ApiError())

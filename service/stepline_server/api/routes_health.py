@@ -1,0 +1,36 @@
+"""Liveness, readiness and Prometheus metrics (no API key needed)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from stepline_server.api.context import orch
+from stepline_server.api.responses import json_response
+from stepline_server.store.db import Q
+
+
+async def healthz(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    try:
+        async with orch(request).pool.acquire(timeout=2) as conn:
+            await conn.fetchval(Q["ping"])
+    except Exception:
+        return json_response({"status": "unavailable"}, 503)
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    o = orch(request)
+    lines = [
+        "# HELP stepline_invocations_inflight Invocations this orchestrator is running.",
+        "# TYPE stepline_invocations_inflight gauge",
+        f"stepline_invocations_inflight {o.dispatcher.inflight}",
+        "# HELP stepline_pool_connections Database connections in the pool.",
+        "# TYPE stepline_pool_connections gauge",
+        f"stepline_pool_connections {o.pool.get_size()}",
+    ]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -1,0 +1,209 @@
+"""Routes for runs: start, read (with long poll), search, cancel, retry, history."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from stepline._durations import parse_duration
+from stepline_server.api import pagination, serialize
+from stepline_server.api.context import orch, path_uuid, project
+from stepline_server.api.errors import (
+    InvalidState,
+    NotFound,
+    RunKeyConflict,
+    ValidationFailed,
+)
+from stepline_server.api.responses import json_response, read_model
+from stepline_server.engine import runs as rules
+from stepline_server.store import apps, runs, waits
+from stepline_server.store.db import Conn, Record
+
+MAX_WAIT = 60.0
+
+
+class RunStart(BaseModel):
+    workflow: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    input: Any = None
+    run_key: str | None = Field(default=None, alias="runKey", pattern=r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class RunRetry(BaseModel):
+    from_step: str | None = Field(default=None, alias="fromStep", min_length=1, max_length=256)
+
+
+async def run_json(conn: Conn, row: Record, *, with_steps: bool = True) -> dict[str, Any]:
+    """A run as the API shows it, with its app's slug and (by default) its steps."""
+    app = await apps_slug(conn, row)
+    steps = await runs.steps(conn, row["id"]) if with_steps else None
+    return serialize.run(row, app, steps)
+
+
+async def apps_slug(conn: Conn, row: Record) -> str | None:
+    app = await apps.get(conn, row["project_id"], str(row["app_id"]))
+    return app["slug"] if app else None
+
+
+async def start_run(request: Request) -> Response:
+    pid = await project(request)
+    body = await read_model(request, RunStart)
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        wf = await apps.workflow(conn, pid, body.workflow)
+        if wf is None:
+            raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
+        new = runs.NewRun(
+            id=uuid.uuid4(),
+            project_id=pid,
+            app_id=wf["app_id"],
+            workflow=body.workflow,
+            input=body.input,
+            options=wf["options"],
+            run_key=body.run_key,
+        )
+        row = await runs.insert(conn, new)
+        if row is None:
+            assert body.run_key is not None
+            existing = await runs.by_key(conn, pid, body.run_key)
+            if existing is None:  # deleted in between: try once more
+                row = await runs.insert(conn, new)
+            elif existing["workflow"] == body.workflow and existing["input"] == body.input:
+                return json_response(await run_json(conn, existing), 200)
+            else:
+                raise RunKeyConflict(
+                    f"run key {body.run_key!r} belongs to run {existing['id']} with a different"
+                    " workflow or input",
+                    {"runId": str(existing["id"])},
+                )
+        assert row is not None
+        o.dispatcher.wake()
+        return json_response(await run_json(conn, row), 201)
+
+
+async def get_run(request: Request) -> Response:
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    wait = 0.0
+    if "wait" in request.query_params:
+        try:
+            wait = min(MAX_WAIT, parse_duration(request.query_params["wait"]))
+        except ValueError as exc:
+            raise ValidationFailed(str(exc), {"fields": {"wait": str(exc)}}) from None
+    o = orch(request)
+    deadline = time.monotonic() + wait
+    while True:
+        async with o.pool.acquire() as conn:
+            row = await runs.get(conn, pid, run_id)
+            if row is None:
+                raise NotFound(f"no run with id {run_id}")
+            left = deadline - time.monotonic()
+            if row["status"] in rules.ENDED or left <= 0:
+                return json_response(await run_json(conn, row))
+        await o.waiters.wait(str(run_id), min(left, 1.0))
+
+
+def _time(request: Request, name: str) -> datetime | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationFailed(
+            f"{name} must be an RFC 3339 time", {"fields": {name: raw}}
+        ) from None
+    if value.tzinfo is None:
+        raise ValidationFailed(f"{name} needs a time zone (e.g. Z)", {"fields": {name: raw}})
+    return value
+
+
+async def list_runs(request: Request) -> Response:
+    pid = await project(request)
+    q = request.query_params
+    status = q.get("status")
+    if status is not None and status not in {s.value for s in rules.RunStatus}:
+        raise ValidationFailed(f"unknown status {status!r}", {"fields": {"status": status}})
+    f = runs.RunFilter(
+        workflow=q.get("workflow"),
+        status=status,
+        run_key=q.get("runKey"),
+        created_after=_time(request, "createdAfter"),
+        created_before=_time(request, "createdBefore"),
+    )
+    limit = pagination.limit_of(request)
+    cursor = pagination.decode(request, 2)
+    before = None
+    if cursor:
+        try:
+            before = (datetime.fromisoformat(cursor[0]), uuid.UUID(cursor[1]))
+        except (ValueError, TypeError):
+            raise ValidationFailed("the cursor is not one this API gave out") from None
+    async with orch(request).pool.acquire() as conn:
+        rows = await runs.search(conn, pid, f, before, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = [await run_json(conn, r, with_steps=False) for r in rows]
+    nxt = (
+        pagination.encode([rows[-1]["created_at"].isoformat(), str(rows[-1]["id"])])
+        if more
+        else None
+    )
+    return json_response({"runs": items, "nextCursor": nxt})
+
+
+async def cancel_run(request: Request) -> Response:
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        try:
+            row = await waits.cancel(conn, pid, run_id)
+        except rules.RuleError as exc:
+            raise InvalidState(str(exc)) from None
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        o.dispatcher.wake()
+        return json_response(await run_json(conn, row), 202)
+
+
+async def retry_run(request: Request) -> Response:
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    body = await read_model(request, RunRetry, allow_empty=True)
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        try:
+            row = await waits.retry(conn, pid, run_id, body.from_step)
+        except rules.RuleError as exc:
+            if exc.code == "validation_failed":
+                raise ValidationFailed(str(exc), {"fields": {"fromStep": str(exc)}}) from None
+            raise InvalidState(str(exc)) from None
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        o.dispatcher.wake()
+        return json_response(await run_json(conn, row), 202)
+
+
+async def list_events(request: Request) -> Response:
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    limit = pagination.limit_of(request)
+    raw_after = request.query_params.get("after", "0")
+    cursor = pagination.decode(request, 1)
+    if not raw_after.isdigit():
+        raise ValidationFailed("after must be a sequence number", {"fields": {"after": raw_after}})
+    after = int(cursor[0]) if cursor else int(raw_after)
+    async with orch(request).pool.acquire() as conn:
+        if await runs.get(conn, pid, run_id) is None:
+            raise NotFound(f"no run with id {run_id}")
+        rows = await runs.events(conn, pid, run_id, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    nxt = pagination.encode([rows[-1]["seq"]]) if more else None
+    return json_response({"events": [serialize.event(r) for r in rows], "nextCursor": nxt})

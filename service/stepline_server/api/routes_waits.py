@@ -1,0 +1,75 @@
+"""Routes that move waiting runs: callbacks (by key or signed URL) and events."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from stepline_server.api import serialize
+from stepline_server.api.context import orch, path_uuid, project
+from stepline_server.api.errors import InvalidState, NotFound
+from stepline_server.api.responses import json_response, read_json, read_model
+from stepline_server.store import waits
+
+
+class EventSend(BaseModel):
+    name: str = Field(min_length=1, max_length=256)
+    data: Any = None
+
+
+async def get_callback(request: Request) -> Response:
+    pid = await project(request)
+    cid = path_uuid(request, "callbackId", "callback")
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        row = await waits.get_callback(conn, cid, pid)
+    if row is None:
+        raise NotFound(f"no callback with id {cid}")
+    return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
+
+
+async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> Response:
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        if await waits.get_callback(conn, cid, pid) is None:
+            raise NotFound(f"no callback with id {cid}")
+        body = await read_json(request)
+        row, completed = await waits.complete_callback(conn, cid, pid, body)
+    if row is None:
+        raise NotFound(f"no callback with id {cid}")
+    if not completed:
+        raise InvalidState(
+            f"the callback is already {row['status']}; its first body is kept",
+            {"status": row["status"]},
+        )
+    o.dispatcher.wake()
+    return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
+
+
+async def complete_callback(request: Request) -> Response:
+    pid = await project(request)
+    return await _complete(request, path_uuid(request, "callbackId", "callback"), pid)
+
+
+async def complete_signed_callback(request: Request) -> Response:
+    cid = path_uuid(request, "callbackId", "callback")
+    if not orch(request).signer.verify(str(cid), request.path_params["signature"]):
+        raise NotFound("no such callback URL")
+    return await _complete(request, cid, None)
+
+
+async def send_event(request: Request) -> Response:
+    pid = await project(request)
+    body = await read_model(request, EventSend)
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        matched = await waits.send_event(conn, pid, body.name, body.data)
+    if matched:
+        o.dispatcher.wake()
+    return json_response(
+        {"id": str(uuid.uuid4()), "name": body.name, "matchedRuns": len(matched)}, 202
+    )

@@ -1,0 +1,143 @@
+"""Database rows as the API's camelCase JSON objects."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from stepline_server.store.db import Record
+
+
+def ts(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC."""
+    if value is None:
+        return None
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
+    data = {
+        "id": str(row["id"]),
+        "slug": row["slug"],
+        "name": row["name"],
+        "url": row["url"],
+        "deploymentId": row["deployment_id"],
+        "createdAt": ts(row["created_at"]),
+        "updatedAt": ts(row["updated_at"]),
+        "syncedAt": ts(row["synced_at"]),
+    }
+    if secret:
+        data["signingSecret"] = row["signing_secrets"][0]
+    return data
+
+
+def workflow(row: Record) -> dict[str, Any]:
+    return {
+        "name": row["name"],
+        "app": row["app_slug"],
+        "options": row["options"],
+        "syncedAt": ts(row["synced_at"]),
+    }
+
+
+def step(row: Record) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": row["name"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "attempt": row["attempt"],
+        "startedAt": ts(row["started_at"]),
+        "endedAt": ts(row["ended_at"]),
+        "output": row["output"],
+        "error": row["error"],
+    }
+    if row["kind"] == "sleep" or row["status"] == "retrying":
+        data["wakeAt"] = ts(row["wake_at"])
+    if row["callback_id"] is not None:
+        data["callbackId"] = str(row["callback_id"])
+    if row["child_run_id"] is not None:
+        data["childRunId"] = str(row["child_run_id"])
+    if row["timeout_at"] is not None:
+        data["timeoutAt"] = ts(row["timeout_at"])
+    return data
+
+
+def run(
+    row: Record, app_slug: str | None = None, steps: list[Record] | None = None
+) -> dict[str, Any]:
+    started, scheduled = row["started_at"], row["scheduled_at"]
+    data: dict[str, Any] = {
+        "id": str(row["id"]),
+        "workflow": row["workflow"],
+        "app": app_slug,
+        "status": row["status"],
+        "input": row["input"],
+        "output": row["output"],
+        "error": row["error"],
+        "runKey": row["run_key"],
+        "parentRunId": str(row["parent_run_id"]) if row["parent_run_id"] else None,
+        "scheduleId": row["schedule_id"],
+        "scheduledAt": ts(scheduled),
+        "startLagMs": int((started - scheduled).total_seconds() * 1000)
+        if started and scheduled
+        else None,
+        "trigger": row["trigger"],
+        "createdAt": ts(row["created_at"]),
+        "startedAt": ts(started),
+        "endedAt": ts(row["ended_at"]),
+    }
+    if steps is not None:
+        data["steps"] = [step(s) for s in steps]
+    return data
+
+
+def event(row: Record) -> dict[str, Any]:
+    data: dict[str, Any] = {"seq": row["seq"], "at": ts(row["at"]), "type": row["type"]}
+    for key, col in (
+        ("stepName", "step_name"),
+        ("deploymentId", "deployment_id"),
+        ("httpStatus", "http_status"),
+        ("durationMs", "duration_ms"),
+        ("data", "data"),
+    ):
+        if row[col] is not None:
+            data[key] = row[col]
+    if row["invocation_id"] is not None:
+        data["invocationId"] = str(row["invocation_id"])
+    return data
+
+
+def callback(row: Record, url: str) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]),
+        "runId": str(row["run_id"]),
+        "stepName": row["step_name"],
+        "status": row["status"],
+        "body": row["body"],
+        "url": url,
+        "createdAt": ts(row["created_at"]),
+        "completedAt": ts(row["completed_at"]),
+        "timeoutAt": ts(row["timeout_at"]),
+    }
+
+
+def schedule(row: Record) -> dict[str, Any]:
+    """A schedule; ``nextFireAt`` is null unless it is active."""
+    return {
+        "id": row["id"],
+        "workflow": row["workflow"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "input": row["input"],
+        "overlap": row["overlap"],
+        "misfire": row["misfire"],
+        "status": row["status"],
+        "source": row["source"],
+        "disableAfter": row["disable_after"],
+        "consecutiveFailures": row["consecutive_failures"],
+        "nextFireAt": ts(row["next_fire_at"]) if row["status"] == "active" else None,
+        "lastFireAt": ts(row["last_fire_at"]),
+        "version": row["version"],
+        "createdAt": ts(row["created_at"]),
+        "updatedAt": ts(row["updated_at"]),
+    }

@@ -1,0 +1,158 @@
+"""``stepline dev``: embedded PostgreSQL, the orchestrator and the example app in one process.
+
+It registers and syncs the example app from ``examples/app.py``, prints an API key, runs one
+real workflow end to end while printing its steps, and shows how to start more with curl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import uvicorn
+
+import stepline
+from stepline_server.api.app import build_app
+from stepline_server.cli.main import _run, database
+from stepline_server.orchestrator import Orchestrator
+from stepline_server.settings import Settings
+from stepline_server.store import apps, keys
+
+APP_NAME = "example"
+
+
+def _example_module() -> ModuleType:
+    """``examples/app.py`` of the working folder, else of the source tree."""
+    candidates = [
+        Path.cwd() / "examples" / "app.py",
+        Path(__file__).resolve().parents[3] / "examples" / "app.py",
+    ]
+    for path in candidates:
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("stepline_example_app", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit("examples/app.py was not found: run `stepline dev` from the project folder")
+
+
+class _QuietServer(uvicorn.Server):
+    """A server that leaves Ctrl-C to the orchestrator's server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _server(app: Any, host: str, port: int, *, signals: bool) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", loop="none", access_log=False
+    )
+    return uvicorn.Server(config) if signals else _QuietServer(config)
+
+
+async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    while not server.started:
+        if task.done():
+            task.result()
+            raise SystemExit("a server could not start (is the port taken?)")
+        await asyncio.sleep(0.02)
+
+
+async def _dev(settings: Settings, app_port: int, once: bool) -> int:
+    module = _example_module()
+    sl: stepline.Stepline = module.sl
+    async with database(settings) as dsn:
+        orch = Orchestrator(settings, dsn)
+        api = _server(build_app(orch), settings.host, settings.port, signals=True)
+        api_task = asyncio.create_task(api.serve())
+        await _started(api, api_task)
+        app_url = f"http://127.0.0.1:{app_port}/stepline/"
+        async with orch.pool.acquire() as conn:
+            row = await apps.get_by_name(conn, keys.DEFAULT_PROJECT, APP_NAME)
+            if row is None:
+                row = await apps.create(conn, keys.DEFAULT_PROJECT, APP_NAME, app_url)
+            elif row["url"] != app_url:
+                row = await apps.update(conn, keys.DEFAULT_PROJECT, row["id"], app_url, None)
+            assert row is not None
+            key = await keys.create_key(conn, "dev")
+        sl.signing_secrets = tuple(row["signing_secrets"])
+        user_app = _server(module.app, "127.0.0.1", app_port, signals=False)
+        app_task = asyncio.create_task(user_app.serve())
+        await _started(user_app, app_task)
+        base = settings.base_url
+        try:
+            async with stepline.AsyncClient(base, api_key=key) as client:
+                synced = await client.sync_app(row["slug"])
+                names = ", ".join(w["name"] for w in synced["workflows"])
+                print(
+                    f"Stepline orchestrator: {base}  (database: "
+                    f"{'DATABASE_URL' if settings.database_url else settings.data_dir / 'pg'})"
+                )
+                print(f"Example app {row['slug']} at {app_url} with workflows: {names}")
+                print(f"API key (dev): {key}\n")
+                await _demo(client)
+                print("\nStart more runs:")
+                print(f"  curl -s -X POST {base}/v1/runs -H 'Authorization: Bearer {key}' \\")
+                print("       -H 'content-type: application/json' \\")
+                print('       -d \'{"workflow": "onboard-customer", "input": {"userId": "u2"}}\'')
+                print(f"  curl -s {base}/v1/runs/<id>?wait=30s -H 'Authorization: Bearer {key}'")
+                if once:
+                    return 0
+                print("\nPress Ctrl-C to stop.")
+                await asyncio.wait({api_task, app_task}, return_when=asyncio.FIRST_COMPLETED)
+                return 0
+        finally:
+            user_app.should_exit = True
+            api.should_exit = True
+            await asyncio.gather(api_task, app_task, return_exceptions=True)
+
+
+async def _demo(client: stepline.AsyncClient) -> None:
+    run = await client.start_run("onboard-customer", {"userId": "u1", "coolOff": "2s"})
+    print(f"Demo run {run['id']} of onboard-customer started:")
+    shown: set[tuple[str, str]] = set()
+    while True:
+        current = await client.get_run(
+            run["id"],
+        )
+        for step in current.get("steps", []):
+            key = (step["name"], step["status"])
+            if key not in shown:
+                shown.add(key)
+                extra = (
+                    f" until {step['wakeAt']}"
+                    if step.get("wakeAt") and step["status"] == "sleeping"
+                    else ""
+                )
+                print(f"  step {step['name']:<16} {step['kind']:<6} {step['status']}{extra}")
+        if current["status"] not in ("running", "cancelling"):
+            break
+        await asyncio.sleep(0.2)
+    print(f"Run {current['status']}: output {current['output']}")
+    events = await client.list_run_events(run["id"], limit=500)
+    print(
+        f"History: {len(events['events'])} events, e.g. "
+        + ", ".join(e["type"] for e in events["events"][:6])
+        + ", ..."
+    )
+
+
+def run(settings: Settings, *, app_port: int, once: bool) -> int:
+    """Run the dev stack until Ctrl-C (or, with ``once``, until the demo run ends)."""
+    result = 0
+
+    async def main() -> None:
+        nonlocal result
+        result = await _dev(settings, app_port, once)
+
+    _run(main())
+    return result

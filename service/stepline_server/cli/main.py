@@ -1,0 +1,137 @@
+"""The ``stepline`` command: serve, dev, migrate and keys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from stepline_server import logs
+from stepline_server.settings import Settings, from_env
+from stepline_server.store import db, keys
+from stepline_server.store.migrate import apply_migrations
+
+
+@asynccontextmanager
+async def database(settings: Settings) -> AsyncIterator[str]:
+    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from stepline_server.store.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings.data_dir / "pg")
+    dsn = await asyncio.to_thread(server.start)
+    try:
+        yield dsn
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def _serve(settings: Settings) -> None:
+    import uvicorn
+
+    from stepline_server.api.app import build_app
+    from stepline_server.orchestrator import Orchestrator
+
+    async with database(settings) as dsn:
+        app = build_app(Orchestrator(settings, dsn))
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            loop="none",
+            http="httptools",
+            access_log=False,
+        )
+        await uvicorn.Server(config).serve()
+
+
+async def _migrate(settings: Settings) -> None:
+    async with database(settings) as dsn:
+        conn = await db.connect(dsn)
+        try:
+            applied = await apply_migrations(conn)
+            await keys.bootstrap(conn)
+        finally:
+            await conn.close()
+    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+
+
+async def _create_key(settings: Settings, name: str) -> None:
+    async with database(settings) as dsn:
+        conn = await db.connect(dsn)
+        try:
+            await apply_migrations(conn)
+            await keys.bootstrap(conn)
+            key = await keys.create_key(conn, name)
+        finally:
+            await conn.close()
+    print(f"API key {name!r} for the default project (shown once):")
+    print(key)
+
+
+def _run(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stepline",
+        description="Stepline: durable workflows for Python web apps, on PostgreSQL.",
+        epilog="Environment: DATABASE_URL (unset: embedded PostgreSQL in STEPLINE_DATA_DIR), "
+        "STEPLINE_HOST, STEPLINE_PORT, STEPLINE_DATA_DIR, STEPLINE_LOG_LEVEL, "
+        "STEPLINE_PUBLIC_URL.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the orchestrator (applies migrations on start)")
+    serve.add_argument("--host", help="address to listen on [STEPLINE_HOST, 127.0.0.1]")
+    serve.add_argument("--port", type=int, help="port to listen on [STEPLINE_PORT, 8400]")
+    dev = sub.add_parser(
+        "dev", help="embedded PostgreSQL + orchestrator + the example app, with a demo run"
+    )
+    dev.add_argument("--port", type=int, help="orchestrator port [STEPLINE_PORT, 8400]")
+    dev.add_argument("--app-port", type=int, default=8401, help="example app port [8401]")
+    dev.add_argument("--once", action="store_true", help="exit after the demo run ends")
+    sub.add_parser("migrate", help="apply database migrations and exit")
+    keys_cmd = sub.add_parser("keys", help="API keys")
+    keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="make an API key for the default project")
+    create.add_argument("--name", default="cli", help="a name to remember the key by")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    settings = from_env()
+    if getattr(args, "host", None):
+        settings = settings.with_(host=args.host)
+    if getattr(args, "port", None):
+        settings = settings.with_(port=args.port)
+    logs.configure(settings.log_level)
+    try:
+        if args.command == "serve":
+            _run(_serve(settings))
+        elif args.command == "migrate":
+            _run(_migrate(settings))
+        elif args.command == "keys":
+            _run(_create_key(settings, args.name))
+        elif args.command == "dev":
+            from stepline_server.cli import dev
+
+            return dev.run(settings, app_port=args.app_port, once=args.once)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Step rules: what a step update reported by the SDK does to the step and the history."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
+
+_NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
+
+# What each action means for the step row and which history event it appends.
+_ACTIONS: dict[Action, tuple[StepStatus, str, set[StepKind]]] = {
+    Action.START: (StepStatus.RUNNING, "step.started", {StepKind.RUN}),
+    Action.COMPLETE: (StepStatus.COMPLETED, "step.completed", {StepKind.RUN, StepKind.VALUE}),
+    Action.FAIL: (StepStatus.FAILED, "step.failed", {StepKind.RUN}),
+    Action.RETRY: (StepStatus.RETRYING, "step.retrying", {StepKind.RUN}),
+    Action.SLEEP: (StepStatus.SLEEPING, "step.sleeping", {StepKind.SLEEP}),
+    Action.CALLBACK: (StepStatus.WAITING, "step.waiting", {StepKind.CALLBACK}),
+    Action.EVENT: (StepStatus.WAITING, "step.waiting", {StepKind.EVENT}),
+    Action.INVOKE: (StepStatus.WAITING, "step.waiting", {StepKind.INVOKE}),
+}
+
+ENDED_STEP = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED})
+
+
+class InvalidUpdate(ValueError):
+    """A step update that breaks the protocol (wrong kind for the action, missing fields)."""
+
+
+def child_run_id(run_id: str, step_name: str) -> str:
+    """The id of the child run a step starts: derived, so the child starts exactly once."""
+    return str(uuid.uuid5(_NS, f"child:{run_id}:{step_name}"))
+
+
+def callback_id(run_id: str, step_name: str) -> str:
+    """The id of the callback a step creates: derived, so it is the same on every replay."""
+    return str(uuid.uuid5(_NS, f"callback:{run_id}:{step_name}"))
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """One step row to write (insert, or update when not already ended)."""
+
+    name: str
+    kind: str
+    status: str
+    attempt: int
+    output: Any = None
+    error: dict[str, Any] | None = None
+    delay_ms: int | None = None
+    timeout_ms: int | None = None
+    ended: bool = False
+    callback_id: str | None = None
+    child_run_id: str | None = None
+    event_name: str | None = None
+    match: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The change as the store's JSON record."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "status": self.status,
+            "attempt": self.attempt,
+            "output": self.output,
+            "error": self.error,
+            "delay_ms": self.delay_ms,
+            "timeout_ms": self.timeout_ms,
+            "ended": self.ended,
+            "callback_id": self.callback_id,
+            "child_run_id": self.child_run_id,
+            "event_name": self.event_name,
+            "match": self.match,
+        }
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """A child run to create for an ``invoke`` update."""
+
+    id: str
+    step_name: str
+    workflow: str
+    input: Any
+
+
+@dataclass
+class Plan:
+    """What a batch of updates writes: step rows, history events, callbacks and children."""
+
+    changes: list[StepChange] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    callbacks: list[tuple[str, str, int | None]] = field(default_factory=list)
+    children: list[ChildStart] = field(default_factory=list)
+
+
+def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
+    """Turn the SDK's updates into rows and events; a later update of a step wins its row."""
+    plan = Plan()
+    by_name: dict[str, StepChange] = {}
+    for u in updates:
+        status, event_type, kinds = _ACTIONS[u.action]
+        if u.kind not in kinds:
+            raise InvalidUpdate(
+                f"step {u.name!r}: action {u.action} does not apply to kind {u.kind}"
+            )
+        change = _change(run_id, u, status)
+        by_name[u.name] = change
+        plan.events.append(_event(event_type, u, change))
+        if u.action is Action.CALLBACK:
+            assert change.callback_id is not None
+            plan.callbacks.append((change.callback_id, u.name, u.timeout_ms))
+        elif u.action is Action.INVOKE:
+            assert change.child_run_id is not None and u.workflow is not None
+            plan.children.append(ChildStart(change.child_run_id, u.name, u.workflow, u.input))
+    plan.changes = list(by_name.values())
+    return plan
+
+
+def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
+    error = u.error.model_dump(exclude_none=True) if u.error else None
+    if u.action in (Action.FAIL, Action.RETRY) and error is None:
+        error = {"type": "Error", "message": "step failed"}
+    if u.action in (Action.RETRY, Action.SLEEP) and u.delay_ms is None:
+        raise InvalidUpdate(f"step {u.name!r}: {u.action} needs delayMs")
+    if u.action is Action.EVENT and not u.event:
+        raise InvalidUpdate(f"step {u.name!r}: an event wait needs the event name")
+    if u.action is Action.INVOKE and not u.workflow:
+        raise InvalidUpdate(f"step {u.name!r}: invoke needs the workflow name")
+    return StepChange(
+        name=u.name,
+        kind=u.kind.value,
+        status=status.value,
+        attempt=max(1, u.attempt),
+        output=u.output if u.action is Action.COMPLETE else None,
+        error=error if u.action in (Action.FAIL, Action.RETRY) else None,
+        delay_ms=max(0, u.delay_ms) if u.delay_ms is not None else None,
+        timeout_ms=max(0, u.timeout_ms) if u.timeout_ms is not None else None,
+        ended=status in ENDED_STEP,
+        callback_id=callback_id(run_id, u.name) if u.action is Action.CALLBACK else None,
+        child_run_id=child_run_id(run_id, u.name) if u.action is Action.INVOKE else None,
+        event_name=u.event if u.action is Action.EVENT else None,
+        match=u.match if u.action is Action.EVENT else None,
+    )
+
+
+def _event(event_type: str, u: StepUpdate, change: StepChange) -> dict[str, Any]:
+    data: dict[str, Any] = {"kind": u.kind.value, "attempt": change.attempt}
+    if change.error is not None:
+        data["error"] = change.error
+    if change.delay_ms is not None:
+        data["delayMs"] = change.delay_ms
+    if change.timeout_ms is not None:
+        data["timeoutMs"] = change.timeout_ms
+    if change.event_name is not None:
+        data["event"] = change.event_name
+        if change.match:
+            data["match"] = change.match
+    if change.callback_id is not None:
+        data["callbackId"] = change.callback_id
+    if change.child_run_id is not None:
+        data["childRunId"] = change.child_run_id
+        data["workflow"] = u.workflow
+    return {"type": event_type, "step_name": u.name, "data": data}

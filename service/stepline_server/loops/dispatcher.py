@@ -1,0 +1,247 @@
+"""The dispatcher: claims due runs, invokes their apps, and records how each invocation ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import orjson
+import structlog
+
+from stepline.protocol import InvokeRequest, InvokeResponse, InvokeStatus, StepRecord, dump
+from stepline_server.engine import runs as rules
+from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
+from stepline_server.invoke.client import AppCaller
+from stepline_server.invoke.urls import CallbackSigner
+from stepline_server.settings import Settings
+from stepline_server.store import dispatch
+from stepline_server.store.db import Pool, Q, Record
+
+log = structlog.get_logger("stepline.dispatcher")
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+
+
+class Dispatcher:
+    """Runs invocations concurrently, up to ``settings.max_inflight`` at a time."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        settings: Settings,
+        caller: AppCaller,
+        signer: CallbackSigner,
+        owner: str,
+    ) -> None:
+        self.pool = pool
+        self.signer = signer
+        self.settings = settings
+        self.caller = caller
+        self.owner = owner
+        self.wakeup = asyncio.Event()
+        self._inflight: dict[uuid.UUID, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def inflight(self) -> int:
+        """Invocations running now."""
+        return len(self._inflight)
+
+    def wake(self) -> None:
+        """Look for due work now (a NOTIFY arrived or a run was started here)."""
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        """Claim and invoke forever."""
+        while True:
+            self.wakeup.clear()
+            free = self.settings.max_inflight - len(self._inflight)
+            claimed: list[Record] = []
+            if free > 0:
+                async with self.pool.acquire() as conn:
+                    claimed = await dispatch.claim(
+                        conn, self.owner, self.settings.lease_seconds, free
+                    )
+                for row in claimed:
+                    self._inflight[row["id"]] = row["lease_token"]
+                    task = asyncio.create_task(self._handle(row), name=f"invoke-{row['id']}")
+                    self._tasks.add(task)
+                    task.add_done_callback(self._done)
+            if claimed and len(claimed) == free:
+                await asyncio.sleep(0)
+                continue
+            await self._wait()
+
+    async def _wait(self) -> None:
+        timeout = self.settings.poll_seconds
+        if len(self._inflight) < self.settings.max_inflight:
+            async with self.pool.acquire() as conn:
+                due_in = await dispatch.next_due_in(conn)
+            if due_in is not None:
+                timeout = max(0.0, min(timeout, due_in))
+        if timeout <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wakeup.wait(), timeout)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self.wakeup.set()
+
+    async def heartbeat(self) -> None:
+        """Extend the leases of invocations in flight, so only a dead orchestrator loses them."""
+        interval = max(0.2, self.settings.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            leases = list(self._inflight.items())
+            if leases:
+                async with self.pool.acquire() as conn:
+                    await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+
+    async def _handle(self, claim: Record) -> None:
+        run_id: uuid.UUID = claim["id"]
+        structlog.contextvars.bind_contextvars(run_id=str(run_id))
+        try:
+            await self._invoke(claim)
+        except Exception:
+            log.exception("invocation_crashed")
+        finally:
+            self._inflight.pop(run_id, None)
+            structlog.contextvars.unbind_contextvars("run_id")
+
+    async def _invoke(self, claim: Record) -> None:
+        run_id: uuid.UUID = claim["id"]
+        token: str = claim["lease_token"]
+        invocation_id: uuid.UUID = claim["invocation_id"]
+        lease = self.settings.lease_seconds
+        if claim["past_deadline"]:
+            async with self.pool.acquire() as conn, conn.transaction():
+                error = {
+                    "type": "TimedOut",
+                    "code": "timed_out",
+                    "message": "the run went past its time limit",
+                }
+                await dispatch.end_run(conn, run_id, token, rules.RunStatus.TIMED_OUT, None, error)
+            log.info("run_timed_out")
+            return
+        attempt = claim["invoke_attempts"] + 1
+        async with self.pool.acquire() as conn:
+            steps = await dispatch.begin_invocation(conn, run_id, invocation_id, attempt)
+            app = await conn.fetchrow(Q["app_of_run"], claim["app_id"])
+        if app is None:
+            return
+        request = InvokeRequest(
+            runId=str(run_id),
+            workflow=claim["workflow"],
+            input=claim["input"],
+            invocationId=str(invocation_id),
+            token=token,
+            apiUrl=self.settings.base_url,
+            attempt=attempt,
+            cancelRequested=claim["cancel_requested"],
+            steps=[_record(s, self.settings.base_url, self.signer) for s in steps],
+        )
+        result = await self.caller.invoke(app["url"], list(app["signing_secrets"]), dump(request))
+        plan: Plan | None = None
+        outcome: dispatch.Outcome
+        if result.ok:
+            assert isinstance(result.response, InvokeResponse)
+            response = result.response
+            if response.status is InvokeStatus.STALE:
+                log.info("invocation_stale")
+                return
+            try:
+                plan = plan_updates(str(run_id), response.updates)
+                outcome = _outcome(response, result.http_status, result.duration_ms)
+            except InvalidUpdate as exc:
+                plan = None
+                outcome = self._failure(
+                    claim,
+                    f"the app answered with a bad update: {exc}",
+                    result.http_status,
+                    result.duration_ms,
+                    None,
+                )
+        else:
+            outcome = self._failure(
+                claim, result.reason, result.http_status, result.duration_ms, None
+            )
+        async with self.pool.acquire() as conn:
+            ok = await dispatch.finish_invocation(
+                conn, run_id, token, invocation_id, plan, outcome, lease
+            )
+        log.info(
+            "invocation_ended",
+            outcome=outcome.status,
+            http_status=outcome.http_status,
+            duration_ms=outcome.duration_ms,
+            recorded=ok,
+        )
+
+    def _failure(
+        self,
+        claim: Record,
+        reason: str,
+        http_status: int | None,
+        duration_ms: int,
+        deployment_id: str | None,
+    ) -> dispatch.Outcome:
+        policy = rules.policy_of(claim["options"], self.settings.default_invoke_attempts)
+        decision = rules.on_invoke_failure(policy, claim["invoke_attempts"], reason, http_status)
+        return dispatch.Outcome(
+            status="error" if decision.retry else "failed",
+            error=None if decision.retry else decision.error,
+            http_status=http_status,
+            duration_ms=duration_ms,
+            deployment_id=deployment_id,
+            retry_delay_ms=decision.delay_ms,
+            reason=reason,
+        )
+
+
+def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> dispatch.Outcome:
+    status = response.status.value
+    output, error = (
+        response.output,
+        (response.error.model_dump(exclude_none=True) if response.error else None),
+    )
+    if status == "completed" and len(orjson.dumps(output)) > MAX_OUTPUT_BYTES:
+        status, output = "failed", None
+        error = {
+            "type": "PayloadTooLarge",
+            "code": "payload_too_large",
+            "message": "the run's output is larger than 1 MiB",
+        }
+    if status == "failed" and error is None:
+        error = {"type": "Error", "message": "the workflow failed"}
+    return dispatch.Outcome(
+        status=status,
+        output=output,
+        error=error,
+        http_status=http_status,
+        duration_ms=took,
+        deployment_id=response.deployment_id,
+    )
+
+
+def _record(row: Record, base_url: str, signer: CallbackSigner) -> StepRecord:
+    data: dict[str, Any] = {
+        "name": row["name"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "position": row["position"],
+        "attempt": row["attempt"],
+        "output": row["output"],
+        "error": row["error"],
+    }
+    if row["wake_at"] is not None:
+        data["wakeAt"] = row["wake_at"].isoformat()
+    if row["callback_id"] is not None:
+        data["callbackId"] = str(row["callback_id"])
+        data["callbackUrl"] = signer.url(base_url, str(row["callback_id"]))
+        data["timedOut"] = row["callback_status"] == "timedOut"
+    if row["child_run_id"] is not None:
+        data["childRunId"] = str(row["child_run_id"])
+    return StepRecord.model_validate(data)

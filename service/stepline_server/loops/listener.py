@@ -1,0 +1,58 @@
+"""LISTEN for wake-ups on a connection of its own, reconnecting when it drops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from stepline_server.store import db
+
+log = structlog.get_logger("stepline.listener")
+
+CHANNEL = "stepline_wake"
+ENDED_CHANNEL = "stepline_ended"
+
+
+def _ended_callback(on_ended: Callable[[str], None]) -> Callable[..., None]:
+    def _ended(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
+        on_ended(str(payload))
+
+    return _ended
+
+
+async def listen(
+    dsn: str,
+    on_notify: Callable[[], None],
+    on_ended: Callable[[str], None] | None = None,
+    *,
+    retry_seconds: float = 1.0,
+) -> None:
+    """Call ``on_notify`` for every NOTIFY on the wake channel, ``on_ended`` with the id of
+    every run that ended; loops still poll without them."""
+    while True:
+        conn = None
+        try:
+            conn = await db.connect(dsn)
+
+            def _callback(*_: Any) -> None:
+                on_notify()
+
+            await conn.add_listener(CHANNEL, _callback)
+            if on_ended is not None:
+                await conn.add_listener(ENDED_CHANNEL, _ended_callback(on_ended))
+            log.info("listener_connected")
+            on_notify()  # anything that came due while we were away
+            while not conn.is_closed():
+                await asyncio.sleep(retry_seconds * 5)
+                await conn.execute("SELECT 1")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("listener_lost", error=str(exc))
+        finally:
+            if conn is not None and not conn.is_closed():
+                await conn.close()
+        await asyncio.sleep(retry_seconds)

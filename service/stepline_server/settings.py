@@ -1,0 +1,66 @@
+"""The orchestrator's configuration, read once from the environment into a frozen object."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the orchestrator can be configured with (``STEPLINE_*`` and ``DATABASE_URL``)."""
+
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8400
+    data_dir: Path = Path(".stepline")
+    log_level: str = "info"
+    public_url: str | None = None
+    # The run loop.
+    lease_seconds: float = 20.0
+    invoke_timeout_seconds: float = 300.0
+    max_inflight: int = 64
+    poll_seconds: float = 2.0
+    default_invoke_attempts: int = 5
+    # Schedules.
+    scheduler_poll_seconds: float = 1.0
+    misfire_grace_seconds: float = 60.0
+
+    @property
+    def base_url(self) -> str:
+        """Where apps and callers reach this orchestrator (the base of callback URLs)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def with_(self, **changes: object) -> Settings:
+        """A copy with some fields changed."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Read the settings from ``env`` (default: the process environment)."""
+    e = os.environ if env is None else env
+    s = Settings()
+    return Settings(
+        database_url=e.get("DATABASE_URL") or None,
+        host=e.get("STEPLINE_HOST", s.host),
+        port=int(e.get("STEPLINE_PORT", s.port)),
+        data_dir=Path(e.get("STEPLINE_DATA_DIR", str(s.data_dir))),
+        log_level=e.get("STEPLINE_LOG_LEVEL", s.log_level).lower(),
+        public_url=e.get("STEPLINE_PUBLIC_URL") or None,
+        lease_seconds=float(e.get("STEPLINE_LEASE_SECONDS", s.lease_seconds)),
+        invoke_timeout_seconds=float(e.get("STEPLINE_INVOKE_TIMEOUT", s.invoke_timeout_seconds)),
+        max_inflight=int(e.get("STEPLINE_MAX_INFLIGHT", s.max_inflight)),
+        poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
+        default_invoke_attempts=int(e.get("STEPLINE_INVOKE_ATTEMPTS", s.default_invoke_attempts)),
+        scheduler_poll_seconds=float(
+            e.get("STEPLINE_SCHEDULER_POLL_SECONDS", s.scheduler_poll_seconds)
+        ),
+        misfire_grace_seconds=float(
+            e.get("STEPLINE_MISFIRE_GRACE_SECONDS", s.misfire_grace_seconds)
+        ),
+    )

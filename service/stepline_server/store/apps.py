@@ -1,0 +1,75 @@
+"""Apps (where workflows are hosted) and the workflows they registered at sync."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from datetime import datetime
+from typing import Any
+
+from stepline_server.store.db import Conn, Q, Record
+
+
+def new_slug() -> str:
+    """A fresh public slug for an app."""
+    return "wfa_" + secrets.token_hex(10)
+
+
+async def create(
+    conn: Conn, project_id: uuid.UUID, name: str, url: str, secret: str | None = None
+) -> Record | None:
+    """Register an app; None when the project already has one with that name."""
+    signing = secret or "whsec_" + secrets.token_urlsafe(32)
+    return await conn.fetchrow(
+        Q["insert_app"], uuid.uuid4(), project_id, new_slug(), name, url, [signing]
+    )
+
+
+async def get(conn: Conn, project_id: uuid.UUID, id_or_slug: str) -> Record | None:
+    return await conn.fetchrow(Q["get_app"], project_id, id_or_slug)
+
+
+async def get_by_name(conn: Conn, project_id: uuid.UUID, name: str) -> Record | None:
+    return await conn.fetchrow(Q["get_app_by_name"], project_id, name)
+
+
+async def page(
+    conn: Conn, project_id: uuid.UUID, after: tuple[datetime, uuid.UUID] | None, limit: int
+) -> list[Record]:
+    at, ident = after if after else (None, None)
+    return list(await conn.fetch(Q["list_apps"], project_id, at, ident, limit))
+
+
+async def update(
+    conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID, url: str | None, name: str | None
+) -> Record | None:
+    return await conn.fetchrow(Q["update_app"], project_id, app_id, url, name)
+
+
+async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
+    await conn.execute(Q["delete_app"], project_id, app_id)
+
+
+async def record_sync(
+    conn: Conn,
+    app: Record,
+    workflows: list[tuple[str, dict[str, Any]]],
+    deployment_id: str | None,
+) -> Record:
+    """Store what a sync found: the app's workflows and its deployment id."""
+    async with conn.transaction():
+        for name, options in workflows:
+            await conn.execute(Q["upsert_workflow"], app["project_id"], name, app["id"], options)
+        row = await conn.fetchrow(Q["app_synced"], app["id"], deployment_id)
+    assert row is not None
+    return row
+
+
+async def workflows_page(
+    conn: Conn, project_id: uuid.UUID, after: str | None, limit: int
+) -> list[Record]:
+    return list(await conn.fetch(Q["list_workflows"], project_id, after, limit))
+
+
+async def workflow(conn: Conn, project_id: uuid.UUID, name: str) -> Record | None:
+    return await conn.fetchrow(Q["get_workflow"], project_id, name)

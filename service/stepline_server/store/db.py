@@ -1,0 +1,65 @@
+"""The asyncpg pool, JSON codecs, and the named queries of the .sql files, loaded once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import asyncpg
+import orjson
+
+Conn: TypeAlias = Any  # asyncpg.Connection (asyncpg ships no type information)
+Pool: TypeAlias = Any  # asyncpg.Pool
+Record: TypeAlias = Any  # asyncpg.Record
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _load(path: Path) -> dict[str, str]:
+    text = path.read_text()
+    parts = _NAME.split(text)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def _load_all(folder: Path) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        if path.name != "schema.sql":
+            for name, sql in _load(path).items():
+                if name in queries:
+                    raise RuntimeError(f"query {name!r} is defined twice ({path.name})")
+                queries[name] = sql
+    return queries
+
+
+Q: dict[str, str] = _load_all(Path(__file__).parent)
+"""Every named query of the store's .sql files, by name."""
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def init_connection(conn: Conn) -> None:
+    """Teach a connection to read and write JSON values as Python objects."""
+    for typ in ("jsonb", "json"):
+        await conn.set_type_codec(
+            typ, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog", format="text"
+        )
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Pool:
+    """A pool whose connections speak JSON; statements are prepared and cached per connection."""
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=init_connection, command_timeout=60
+    )
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str) -> Conn:
+    """One connection that speaks JSON (for LISTEN, migrations and tools)."""
+    conn = await asyncpg.connect(dsn)
+    await init_connection(conn)
+    return conn

@@ -1,0 +1,289 @@
+"""The run loop's writes: claim due runs, begin and finish invocations, commit step progress."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from stepline_server.engine import runs as rules
+from stepline_server.engine.steps import Plan
+from stepline_server.store import runs
+from stepline_server.store.db import Conn, Q, Record
+
+
+async def claim(conn: Conn, owner: str, lease_seconds: float, limit: int) -> list[Record]:
+    """Lease up to ``limit`` due runs to this orchestrator."""
+    return list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds))
+
+
+async def next_due_in(conn: Conn) -> float | None:
+    """Seconds until the next run comes due (negative when overdue), None when none will."""
+    value = await conn.fetchval(Q["next_due_in"])
+    return float(value) if value is not None else None
+
+
+async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float) -> None:
+    """Extend the leases of invocations still in flight."""
+    if leases:
+        ids, tokens = zip(*leases, strict=True)
+        await conn.execute(Q["heartbeat"], list(ids), list(tokens), lease_seconds)
+
+
+async def begin_invocation(
+    conn: Conn, run_id: uuid.UUID, invocation_id: uuid.UUID, attempt: int
+) -> list[Record]:
+    """Settle timers and timeouts that have come due, record the start, return the steps."""
+    async with conn.transaction():
+        resolved = await conn.fetch(Q["resolve_due_waits"], run_id)
+        timed_out = [r["callback_id"] for r in resolved if r["kind"] == "callback"]
+        if timed_out:
+            await conn.execute(Q["time_out_callbacks"], timed_out)
+        events: list[dict[str, Any]] = [
+            {
+                "type": "step.failed" if r["kind"] == "callback" else "step.completed",
+                "step_name": r["name"],
+                "data": {"kind": r["kind"], "timedOut": True}
+                if r["kind"] != "sleep"
+                else {"kind": "sleep"},
+            }
+            for r in resolved
+        ]
+        events.append(
+            {
+                "type": "invocation.started",
+                "invocation_id": str(invocation_id),
+                "data": {"attempt": attempt},
+            }
+        )
+        await runs.append_events(conn, run_id, events)
+        return await runs.steps(conn, run_id)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a progress commit tells the SDK."""
+
+    cancel_requested: bool
+    callbacks: list[str]
+
+
+async def apply_plan(
+    conn: Conn,
+    run_id: uuid.UUID,
+    token: str,
+    invocation_id: uuid.UUID,
+    plan: Plan,
+    lease_seconds: float,
+) -> Applied | None:
+    """Commit a batch of step changes for the lease holder; None when the token is stale."""
+    if plan.callbacks or plan.children:
+        async with conn.transaction():
+            return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
+    return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
+
+
+async def _apply(
+    conn: Conn,
+    run_id: uuid.UUID,
+    token: str,
+    invocation_id: uuid.UUID,
+    plan: Plan,
+    lease_seconds: float,
+) -> Applied | None:
+    row = await conn.fetchrow(
+        Q["progress"],
+        run_id,
+        token,
+        [c.row() for c in plan.changes],
+        len(plan.events),
+        lease_seconds,
+        invocation_id,
+        plan.events,
+    )
+    if row is None:
+        return None
+    project_id = row["project_id"]
+    if plan.callbacks:
+        records = [{"id": c, "step_name": n, "timeout_ms": t} for c, n, t in plan.callbacks]
+        await conn.execute(Q["insert_callbacks"], project_id, run_id, records)
+    for child in plan.children:
+        await _start_child(
+            conn, project_id, run_id, child.id, child.step_name, child.workflow, child.input
+        )
+    return Applied(row["cancel_requested"], [name for _, name, _ in plan.callbacks])
+
+
+async def _start_child(
+    conn: Conn,
+    project_id: uuid.UUID,
+    run_id: uuid.UUID,
+    child_id: str,
+    step_name: str,
+    workflow: str,
+    input: Any,
+) -> None:
+    cid = uuid.UUID(child_id)
+    created = await conn.fetchval(
+        Q["insert_child_run"], cid, project_id, workflow, input, run_id, step_name
+    )
+    if created is not None:
+        await runs.append_events(
+            conn,
+            cid,
+            [{"type": "run.started", "data": {"trigger": "invoke", "parentRunId": str(run_id)}}],
+        )
+        await conn.execute(Q["notify_wake"])
+        return
+    existing = await conn.fetchrow(Q["get_run"], project_id, cid)
+    if existing is None:
+        error = {
+            "type": "ChildWorkflowFailed",
+            "code": "workflow_not_found",
+            "message": f"workflow {workflow!r} is not registered; sync the app that hosts it",
+        }
+        await conn.execute(Q["fail_step"], run_id, step_name, error)
+        await runs.append_events(
+            conn,
+            run_id,
+            [
+                {
+                    "type": "step.failed",
+                    "step_name": step_name,
+                    "data": {"kind": "invoke", "error": error},
+                }
+            ],
+        )
+    elif existing["status"] in rules.ENDED:
+        # The child already ran (a retry from an earlier step): it started exactly once.
+        await resolve_child(conn, existing)
+
+
+async def resolve_child(conn: Conn, child: Record) -> None:
+    """Hand an ended child's outcome to the parent's invoke step and wake the parent."""
+    parent = child["parent_run_id"]
+    if parent is None or child["parent_step"] is None:
+        return
+    status, output, error = rules.child_outcome(
+        str(child["id"]), child["status"], child.get("output"), child.get("error")
+    )
+    name = await conn.fetchval(
+        Q["resolve_child_step"], parent, child["parent_step"], status, output, error
+    )
+    if name is None:
+        return
+    data: dict[str, Any] = {"kind": "invoke", "childRunId": str(child["id"])}
+    if error:
+        data["error"] = error
+    event = "step.completed" if status == "completed" else "step.failed"
+    await runs.append_events(conn, parent, [{"type": event, "step_name": name, "data": data}])
+    await wake(conn, parent)
+
+
+async def wake(conn: Conn, run_id: uuid.UUID) -> None:
+    """Make a run due now (or right after its active invocation) and wake the dispatchers."""
+    await conn.execute(Q["wake"], run_id)
+    await conn.execute(Q["notify_wake"])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an invocation ended, as the run loop records it."""
+
+    status: str  # completed, failed, cancelled, suspended, stale, error
+    output: Any = None
+    error: dict[str, Any] | None = None
+    http_status: int | None = None
+    duration_ms: int | None = None
+    deployment_id: str | None = None
+    retry_delay_ms: int | None = None  # for "error": retry the invocation after this delay
+    reason: str | None = None  # why the invocation failed, for the history
+
+
+async def finish_invocation(
+    conn: Conn,
+    run_id: uuid.UUID,
+    token: str,
+    invocation_id: uuid.UUID,
+    plan: Plan | None,
+    outcome: Outcome,
+    lease_seconds: float,
+) -> bool:
+    """Commit the invocation's last updates and its outcome; False when the lease was lost."""
+    async with conn.transaction():
+        applied = (
+            plan is None
+            or not plan.events
+            or await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
+        )
+        if applied is None:
+            return False
+        ended: dict[str, Any] = {
+            "type": "invocation.ended",
+            "invocation_id": str(invocation_id),
+            "deployment_id": outcome.deployment_id,
+            "http_status": outcome.http_status,
+            "duration_ms": outcome.duration_ms,
+            "data": {"outcome": outcome.status}
+            | ({"error": outcome.reason} if outcome.reason else {}),
+        }
+        await runs.append_events(conn, run_id, [ended])
+        if outcome.status in ("completed", "failed", "cancelled"):
+            status = rules.RunStatus(outcome.status)
+            return await end_run(conn, run_id, token, status, outcome.output, outcome.error)
+        if outcome.status == "suspended":
+            return await conn.fetchrow(Q["suspend"], run_id, token) is not None
+        if outcome.status == "error":
+            delay = outcome.retry_delay_ms or 0
+            return await conn.fetchval(Q["invoke_failed"], run_id, token, delay) is not None
+        return False
+
+
+async def end_run(
+    conn: Conn,
+    run_id: uuid.UUID,
+    token: str | None,
+    status: rules.RunStatus,
+    output: Any,
+    error: dict[str, Any] | None,
+) -> bool:
+    """End a run: close its open steps, cancel its children, tell its parent. In a transaction."""
+    row = await conn.fetchrow(Q["end_run"], run_id, token, status.value, output, error)
+    if row is None:
+        return False
+    closed = await conn.fetch(Q["cancel_open_steps"], run_id)
+    events: list[dict[str, Any]] = [
+        {"type": "step.cancelled", "step_name": r["name"], "data": {"kind": r["kind"]}}
+        for r in closed
+    ]
+    callbacks = [r["callback_id"] for r in closed if r["callback_id"] is not None]
+    if callbacks:
+        await conn.execute(Q["cancel_callbacks"], callbacks)
+    await runs.append_events(conn, run_id, events + rules.end_events(status, error))
+    await conn.execute(Q["notify_ended"], str(run_id))
+    for child in await conn.fetch(Q["children_of"], run_id):
+        await cancel_tree(conn, child["id"])
+    if row["parent_run_id"] is not None:
+        child = await conn.fetchrow(Q["get_run"], row["project_id"], run_id)
+        assert child is not None
+        await resolve_child(conn, child)
+    return True
+
+
+async def cancel_tree(conn: Conn, run_id: uuid.UUID) -> None:
+    """Ask a running run to cancel: its waits are cancelled, its children too, and it wakes."""
+    if await conn.fetchval(Q["request_cancel"], run_id) is None:
+        return
+    cancelled = await conn.fetch(Q["cancel_waits"], run_id)
+    callbacks = [r["callback_id"] for r in cancelled if r["callback_id"] is not None]
+    if callbacks:
+        await conn.execute(Q["cancel_callbacks"], callbacks)
+    events: list[dict[str, Any]] = [{"type": "run.cancelling"}] + [
+        {"type": "step.cancelled", "step_name": r["name"], "data": {"kind": r["kind"]}}
+        for r in cancelled
+    ]
+    await runs.append_events(conn, run_id, events)
+    for r in cancelled:
+        if r["child_run_id"] is not None:
+            await cancel_tree(conn, r["child_run_id"])
+    await wake(conn, run_id)

@@ -1,0 +1,86 @@
+"""Forward-only schema migrations: ``migrations/NNNN_name.sql`` applied in order, once each.
+
+Each migration runs in its own transaction that first takes a transaction-level advisory lock,
+so orchestrators starting together apply each file exactly once: the second waits, then finds
+the version recorded in ``stepline_migrations`` and skips it. A migration file therefore must
+not contain statements that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``).
+``schema.sql`` is the current truth; a test checks that the migrations produce exactly it.
+
+These few statements stay here rather than in a queries file: they bootstrap the database
+before anything else in the store can run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["MigrationError", "apply_migrations", "migration_files", "schema_sql"]
+
+_STORE_DIR = Path(__file__).resolve().parent
+_MIGRATIONS_DIR = _STORE_DIR / "migrations"
+_FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+# The first 8 bytes of sha256(b"stepline_migrations"), as a signed bigint.
+_LOCK_KEY = -1737815417872889171
+
+_LOCK = "SELECT pg_advisory_xact_lock($1)"
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS stepline_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+_IS_APPLIED = "SELECT EXISTS (SELECT 1 FROM stepline_migrations WHERE version = $1)"
+_RECORD = "INSERT INTO stepline_migrations (version, name) VALUES ($1, $2)"
+
+
+class MigrationError(RuntimeError):
+    """The migration files are inconsistent (a misnamed file or a duplicate version)."""
+
+
+def schema_sql() -> str:
+    """The text of ``schema.sql``, the current schema in one file."""
+    return (_STORE_DIR / "schema.sql").read_text(encoding="utf-8")
+
+
+def migration_files() -> list[Path]:
+    """The migration files, in version order."""
+    files: dict[int, Path] = {}
+    for path in _MIGRATIONS_DIR.glob("*.sql"):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise MigrationError(f"{path.name}: migration files are named NNNN_name.sql")
+        version = int(match.group(1))
+        if version in files:
+            raise MigrationError(f"{path.name} and {files[version].name} share version {version}")
+        files[version] = path
+    return [files[version] for version in sorted(files)]
+
+
+def _version(path: Path) -> int:
+    return int(path.name[:4])
+
+
+async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
+    """Apply the migrations ``conn``'s database lacks, in order; return their names.
+
+    ``conn`` must not be inside a transaction: each migration commits on its own.
+    """
+    applied: list[str] = []
+    for path in migration_files():
+        version, name = _version(path), path.stem
+        async with conn.transaction():
+            await conn.execute(_LOCK, _LOCK_KEY)
+            await conn.execute(_CREATE_TABLE)
+            if await conn.fetchval(_IS_APPLIED, version):
+                continue
+            await conn.execute(path.read_text(encoding="utf-8"))
+            await conn.execute(_RECORD, version, name)
+        applied.append(name)
+    return applied

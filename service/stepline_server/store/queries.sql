@@ -1,0 +1,352 @@
+-- Every query Stepline runs, one named block each ("-- name: x"). Loaded once by store.db.
+
+-- name: ensure_project
+INSERT INTO projects (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING;
+
+-- name: insert_key
+INSERT INTO api_keys (id, project_id, name, key_hash) VALUES ($1, $2, $3, $4);
+
+-- name: find_key
+SELECT project_id FROM api_keys WHERE key_hash = $1;
+
+-- name: server_secrets
+SELECT secret FROM server_secrets ORDER BY id DESC;
+
+-- name: insert_server_secret
+INSERT INTO server_secrets (secret)
+SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM server_secrets);
+
+-- name: insert_app
+INSERT INTO apps (id, project_id, slug, name, url, signing_secrets)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (project_id, name) DO NOTHING
+RETURNING *;
+
+-- name: get_app
+SELECT * FROM apps WHERE project_id = $1 AND (id::text = $2 OR slug = $2);
+
+-- name: get_app_by_name
+SELECT * FROM apps WHERE project_id = $1 AND name = $2;
+
+-- name: list_apps
+SELECT * FROM apps
+WHERE project_id = $1 AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))
+ORDER BY created_at, id
+LIMIT $4;
+
+-- name: update_app
+UPDATE apps SET url = coalesce($3, url), name = coalesce($4, name), updated_at = now()
+WHERE project_id = $1 AND id = $2
+RETURNING *;
+
+-- name: delete_app
+DELETE FROM apps WHERE project_id = $1 AND id = $2;
+
+-- name: app_synced
+UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
+
+-- name: upsert_workflow
+INSERT INTO workflows (project_id, name, app_id, options, synced_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (project_id, name)
+DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now();
+
+-- name: list_workflows
+SELECT w.*, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+WHERE w.project_id = $1 AND ($2::text IS NULL OR w.name > $2)
+ORDER BY w.name
+LIMIT $3;
+
+-- name: get_workflow
+SELECT w.*, a.url AS app_url FROM workflows w JOIN apps a ON a.id = w.app_id
+WHERE w.project_id = $1 AND w.name = $2;
+
+-- name: insert_run
+INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id, parent_step,
+                  schedule_id, scheduled_at, trigger, options, deadline_at, ready_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+        now() + make_interval(secs => $13::double precision / 1000), now())
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: get_run_by_key
+SELECT * FROM runs WHERE project_id = $1 AND run_key = $2;
+
+-- name: get_run
+SELECT * FROM runs WHERE project_id = $1 AND id = $2;
+
+-- name: get_run_status
+SELECT status FROM runs WHERE id = $1;
+
+-- name: run_steps
+SELECT s.*, c.status AS callback_status FROM steps s
+LEFT JOIN callbacks c ON c.id = s.callback_id
+WHERE s.run_id = $1 ORDER BY s.position;
+
+-- name: search_runs
+SELECT * FROM runs
+WHERE project_id = $1
+  AND ($2::text IS NULL OR workflow = $2)
+  AND ($3::run_status IS NULL OR status = $3)
+  AND ($4::text IS NULL OR run_key = $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+  AND ($7::timestamptz IS NULL OR (created_at, id) < ($7, $8::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $9;
+
+-- name: list_events
+SELECT e.* FROM run_events e
+WHERE e.run_id = $1 AND e.project_id = $2 AND e.seq > $3
+ORDER BY e.seq
+LIMIT $4;
+
+-- name: append_events
+-- $1 run id, $2 jsonb array of {type, step_name, invocation_id, deployment_id, http_status,
+-- duration_ms, data}; numbers them after the run's last event.
+WITH r AS (
+    UPDATE runs SET next_seq = next_seq + jsonb_array_length($2::jsonb)
+    WHERE id = $1
+    RETURNING project_id, next_seq - jsonb_array_length($2::jsonb) AS base
+)
+INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, deployment_id,
+                        http_status, duration_ms, data)
+SELECT $1, r.base + x.ord - 1, r.project_id, x.type, x.step_name, x.invocation_id,
+       x.deployment_id, x.http_status, x.duration_ms, x.data
+FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
+    type text, step_name text, invocation_id uuid, deployment_id text, http_status integer,
+    duration_ms integer, data jsonb)) WITH ORDINALITY AS x(type, step_name, invocation_id,
+    deployment_id, http_status, duration_ms, data, ord);
+
+-- name: claim_due
+-- Takes up to $1 runs whose ready_at has come, and leases each to one invocation: the run's
+-- ready_at moves to the end of the lease, so a crashed orchestrator's run comes due again.
+WITH due AS (
+    SELECT id FROM runs
+    WHERE ready_at <= now()
+    ORDER BY ready_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $2,
+    ready_at = now() + make_interval(secs => $3::double precision),
+    claimed_wake_seq = r.wake_seq,
+    started_at = coalesce(r.started_at, now())
+FROM due
+WHERE r.id = due.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, r.deadline_at <= now() AS past_deadline, r.lease_token,
+          r.invocation_id, r.invoke_attempts, r.wake_seq;
+
+-- name: next_due_in
+SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
+WHERE ready_at IS NOT NULL;
+
+-- name: heartbeat
+UPDATE runs r SET ready_at = now() + make_interval(secs => $3::double precision)
+FROM unnest($1::uuid[], $2::text[]) AS h(id, token)
+WHERE r.id = h.id AND r.lease_token = h.token;
+
+-- name: resolve_due_waits
+-- Sleeps whose time has come complete; event waits past their timeout complete with null;
+-- callbacks past their timeout fail as timed out.
+UPDATE steps SET
+    status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
+    error = CASE WHEN kind = 'callback'
+        THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
+    ended_at = now()
+WHERE run_id = $1
+  AND ((status = 'sleeping' AND wake_at <= now())
+       OR (status = 'waiting' AND kind IN ('event', 'callback') AND timeout_at <= now()))
+RETURNING name, kind, callback_id;
+
+-- name: time_out_callbacks
+UPDATE callbacks SET status = 'timedOut', completed_at = now()
+WHERE id = ANY($1::uuid[]) AND status = 'pending';
+
+-- name: app_of_run
+SELECT a.url, a.signing_secrets FROM apps a WHERE a.id = $1;
+
+-- name: progress
+-- Applies a batch of step changes for the invocation holding the run's lease ($2), extends the
+-- lease, and appends the history, in one statement. No row comes back when the token is stale.
+WITH r AS (
+    UPDATE runs
+    SET next_seq = next_seq + $4,
+        ready_at = now() + make_interval(secs => $5::double precision)
+    WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
+    RETURNING id, project_id, next_seq - $4 AS base, cancel_requested
+),
+s AS (
+    INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
+                            error, ended_at, wake_at, timeout_at, callback_id, child_run_id,
+                            event_name, match)
+    SELECT r.id, r.project_id, x.name, x.kind, x.status, r.base + x.ord - 1, x.attempt,
+           x.output, x.error,
+           CASE WHEN x.ended THEN now() END,
+           CASE WHEN x.delay_ms IS NOT NULL
+                THEN now() + make_interval(secs => x.delay_ms::double precision / 1000) END,
+           CASE WHEN x.timeout_ms IS NOT NULL
+                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
+           x.callback_id, x.child_run_id, x.event_name, x.match
+    FROM r, ROWS FROM (jsonb_to_recordset($3::jsonb) AS (
+        name text, kind step_kind, status step_status, attempt integer, output jsonb,
+        error jsonb, ended boolean, delay_ms bigint, timeout_ms bigint, callback_id uuid,
+        child_run_id uuid, event_name text, match jsonb)) WITH ORDINALITY AS x(
+        name, kind, status, attempt, output, error, ended, delay_ms, timeout_ms, callback_id,
+        child_run_id, event_name, match, ord)
+    ON CONFLICT (run_id, name) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = excluded.error, ended_at = excluded.ended_at, wake_at = excluded.wake_at,
+        timeout_at = excluded.timeout_at,
+        callback_id = coalesce(excluded.callback_id, t.callback_id),
+        child_run_id = coalesce(excluded.child_run_id, t.child_run_id),
+        event_name = excluded.event_name, match = excluded.match,
+        started_at = CASE WHEN excluded.status = 'running' THEN now() ELSE t.started_at END
+    WHERE t.status NOT IN ('completed', 'failed', 'cancelled')
+),
+e AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
+    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, $6, x.data
+    FROM r, ROWS FROM (jsonb_to_recordset($7::jsonb) AS (
+        type text, step_name text, data jsonb)) WITH ORDINALITY AS x(type, step_name, data, ord)
+)
+SELECT r.cancel_requested, r.project_id FROM r;
+
+-- name: insert_callbacks
+INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
+SELECT x.id, $1, $2, x.step_name,
+       CASE WHEN x.timeout_ms IS NOT NULL
+            THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
+FROM jsonb_to_recordset($3::jsonb) AS x(id uuid, step_name text, timeout_ms bigint)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: insert_child_run
+INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
+                  options, deadline_at, ready_at)
+SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'invoke', w.options,
+       now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
+       now()
+FROM workflows w WHERE w.project_id = $2 AND w.name = $3
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: fail_step
+UPDATE steps SET status = 'failed', error = $3, ended_at = now()
+WHERE run_id = $1 AND name = $2 AND status = 'waiting';
+
+-- name: suspend
+-- Ends the invocation with the run still running: it comes due at its earliest timer, or at
+-- once when something woke it while the invocation ran.
+UPDATE runs SET
+    lease_token = NULL, lease_owner = NULL, invoke_attempts = 0,
+    ready_at = CASE
+        WHEN wake_seq <> claimed_wake_seq THEN now()
+        ELSE least(deadline_at, (
+            SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
+            WHERE s.run_id = $1 AND s.status IN ('sleeping', 'retrying', 'waiting')))
+        END
+WHERE id = $1 AND lease_token = $2
+RETURNING ready_at;
+
+-- name: invoke_failed
+UPDATE runs SET
+    lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
+    ready_at = least(deadline_at, now() + make_interval(secs => $3::double precision / 1000))
+WHERE id = $1 AND lease_token = $2
+RETURNING invoke_attempts;
+
+-- name: end_run
+-- Ends a run ($3 status) when $2 is its lease token, or when $2 is null (cancel, time limit).
+UPDATE runs SET
+    status = $3, output = $4, error = $5, ended_at = now(), ready_at = NULL,
+    lease_token = NULL, lease_owner = NULL, version = version + 1
+WHERE id = $1 AND ($2::text IS NULL OR lease_token = $2) AND status IN ('running', 'cancelling')
+RETURNING id, project_id, parent_run_id, parent_step, schedule_id, status;
+
+-- name: cancel_open_steps
+UPDATE steps SET status = 'cancelled', ended_at = now()
+WHERE run_id = $1 AND status IN ('running', 'retrying', 'sleeping', 'waiting')
+RETURNING name, kind, child_run_id, callback_id;
+
+-- name: cancel_waits
+-- On a cancel request: what waits (sleeps, callbacks, events, children) is cancelled.
+UPDATE steps SET status = 'cancelled', ended_at = now()
+WHERE run_id = $1 AND status IN ('sleeping', 'waiting')
+RETURNING name, kind, child_run_id, callback_id;
+
+-- name: cancel_callbacks
+UPDATE callbacks SET status = 'cancelled', completed_at = now()
+WHERE id = ANY($1::uuid[]) AND status = 'pending';
+
+-- name: resolve_child_step
+UPDATE steps SET status = $3, output = $4, error = $5, ended_at = now()
+WHERE run_id = $1 AND name = $2 AND status = 'waiting'
+RETURNING name;
+
+-- name: wake
+-- Something outside the run moved it: run it now, or right after the active invocation.
+UPDATE runs SET
+    wake_seq = wake_seq + 1,
+    ready_at = CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
+WHERE id = $1 AND status IN ('running', 'cancelling');
+
+-- name: request_cancel
+UPDATE runs SET status = 'cancelling', cancel_requested = true, version = version + 1
+WHERE id = $1 AND status = 'running'
+RETURNING id;
+
+-- name: lock_run
+SELECT * FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
+
+-- name: delete_steps_for_retry
+-- Steps that run again on retry: unfinished or failed ones, and with fromStep ($2) that step
+-- and every step recorded after it.
+DELETE FROM steps
+WHERE run_id = $1
+  AND (status IN ('failed', 'cancelled', 'running', 'retrying')
+       OR ($2::bigint IS NOT NULL AND position >= $2));
+
+-- name: step_position
+SELECT position FROM steps WHERE run_id = $1 AND name = $2;
+
+-- name: restart_run
+UPDATE runs SET
+    status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
+    invoke_attempts = 0, ready_at = now(), lease_token = NULL, version = version + 1,
+    deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+WHERE id = $1
+RETURNING *;
+
+-- name: get_callback
+SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
+
+-- name: complete_callback
+UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
+WHERE id = $1 AND status = 'pending'
+RETURNING *;
+
+-- name: complete_wait_step
+UPDATE steps SET status = 'completed', output = $3, ended_at = now()
+WHERE run_id = $1 AND name = $2 AND status = 'waiting';
+
+-- name: match_event_waits
+UPDATE steps SET status = 'completed', output = $3, ended_at = now()
+WHERE project_id = $1 AND kind = 'event' AND status = 'waiting' AND event_name = $2
+  AND $3::jsonb @> coalesce(match, '{}'::jsonb)
+RETURNING run_id, name;
+
+-- name: children_of
+SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling');
+
+-- name: notify_wake
+SELECT pg_notify('stepline_wake', '');
+
+-- name: notify_ended
+SELECT pg_notify('stepline_ended', $1::text);
+
+-- name: ping
+SELECT 1;

@@ -1,0 +1,117 @@
+"""Runs as the API reads and starts them: create, fetch with steps, search, history."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from stepline_server.store.db import Conn, Q, Record
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to create."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    app_id: uuid.UUID
+    workflow: str
+    input: Any
+    options: dict[str, Any]
+    run_key: str | None = None
+    parent_run_id: uuid.UUID | None = None
+    parent_step: str | None = None
+    schedule_id: str | None = None
+    scheduled_at: datetime | None = None
+    trigger: str = "api"
+
+
+async def insert(conn: Conn, run: NewRun) -> Record | None:
+    """Create the run with its ``run.started`` event; None when its id or run key exists."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            Q["insert_run"],
+            run.id,
+            run.project_id,
+            run.app_id,
+            run.workflow,
+            run.input,
+            run.run_key,
+            run.parent_run_id,
+            run.parent_step,
+            run.schedule_id,
+            run.scheduled_at,
+            run.trigger,
+            run.options,
+            run.options.get("timeoutMs"),
+        )
+        if row is None:
+            return None
+        data = {"trigger": run.trigger}
+        await append_events(conn, run.id, [{"type": "run.started", "data": data}])
+        await conn.execute(Q["notify_wake"])
+    return row
+
+
+async def append_events(conn: Conn, run_id: uuid.UUID, events: list[dict[str, Any]]) -> None:
+    """Append events to a run's history, after its last one."""
+    if events:
+        await conn.execute(Q["append_events"], run_id, events)
+
+
+async def by_key(conn: Conn, project_id: uuid.UUID, run_key: str) -> Record | None:
+    return await conn.fetchrow(Q["get_run_by_key"], project_id, run_key)
+
+
+async def get(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
+    return await conn.fetchrow(Q["get_run"], project_id, run_id)
+
+
+async def steps(conn: Conn, run_id: uuid.UUID) -> list[Record]:
+    """A run's steps in the order they were first recorded."""
+    return list(await conn.fetch(Q["run_steps"], run_id))
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """What ``GET /v1/runs`` searches by."""
+
+    workflow: str | None = None
+    status: str | None = None
+    run_key: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+async def search(
+    conn: Conn,
+    project_id: uuid.UUID,
+    f: RunFilter,
+    before: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[Record]:
+    """Runs newest first, after the keyset cursor ``before``."""
+    at, ident = before if before else (None, None)
+    return list(
+        await conn.fetch(
+            Q["search_runs"],
+            project_id,
+            f.workflow,
+            f.status,
+            f.run_key,
+            f.created_after,
+            f.created_before,
+            at,
+            ident,
+            limit,
+        )
+    )
+
+
+async def events(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, after: int, limit: int
+) -> list[Record]:
+    """A run's history after ``seq`` ``after``."""
+    return list(await conn.fetch(Q["list_events"], run_id, project_id, after, limit))

@@ -1,0 +1,188 @@
+-- The current truth of Stepline's database. Numbered migrations in migrations/ must produce
+-- exactly this schema (a test checks it).
+
+CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
+COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
+
+CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke');
+COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run';
+
+CREATE TYPE step_status AS ENUM ('running', 'retrying', 'completed', 'failed', 'cancelled', 'sleeping', 'waiting');
+COMMENT ON TYPE step_status IS 'running: started; retrying: next attempt due at wake_at; completed: has output; failed: has error; cancelled: the run was cancelled while it waited; sleeping: until wake_at; waiting: callback, event or child';
+
+CREATE TABLE projects (
+    id uuid PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE api_keys (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    key_hash text NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE server_secrets (
+    id serial PRIMARY KEY,
+    secret text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE server_secrets IS 'Keys that sign callback URLs: the newest signs, all verify.';
+
+CREATE TABLE apps (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    slug text NOT NULL UNIQUE,
+    name text NOT NULL,
+    url text NOT NULL,
+    signing_secrets text[] NOT NULL CHECK (cardinality(signing_secrets) >= 1),
+    deployment_id text,
+    synced_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (project_id, name)
+);
+COMMENT ON COLUMN apps.signing_secrets IS 'Newest first: the first signs invocations.';
+
+CREATE TABLE workflows (
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name text NOT NULL CHECK (name ~ '^[A-Za-z0-9_-]{1,64}$'),
+    app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
+    options jsonb NOT NULL DEFAULT '{}',
+    synced_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (project_id, name)
+);
+
+CREATE TABLE runs (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
+    workflow text NOT NULL,
+    status run_status NOT NULL DEFAULT 'running',
+    input jsonb,
+    output jsonb,
+    error jsonb,
+    run_key text CHECK (run_key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    parent_run_id uuid REFERENCES runs (id) ON DELETE SET NULL,
+    parent_step text,
+    schedule_id text,
+    scheduled_at timestamptz,
+    trigger text NOT NULL DEFAULT 'api',
+    options jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz,
+    ended_at timestamptz,
+    deadline_at timestamptz,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    version integer NOT NULL DEFAULT 1,
+    next_seq bigint NOT NULL DEFAULT 1,
+    ready_at timestamptz,
+    lease_token text,
+    lease_owner text,
+    invocation_id uuid,
+    invoke_attempts integer NOT NULL DEFAULT 0,
+    wake_seq bigint NOT NULL DEFAULT 0,
+    claimed_wake_seq bigint NOT NULL DEFAULT 0,
+    CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
+    CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
+);
+COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the run: due work, a timer, a timeout, or the end of the current lease. NULL: nothing to do until something wakes it.';
+COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
+COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
+CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
+CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
+CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
+CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
+CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
+
+CREATE TABLE steps (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    name text NOT NULL CHECK (length(name) BETWEEN 1 AND 256),
+    project_id uuid NOT NULL,
+    kind step_kind NOT NULL,
+    status step_status NOT NULL,
+    position bigint NOT NULL,
+    attempt integer NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+    output jsonb,
+    error jsonb,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    ended_at timestamptz,
+    wake_at timestamptz,
+    timeout_at timestamptz,
+    callback_id uuid,
+    child_run_id uuid,
+    event_name text,
+    match jsonb,
+    PRIMARY KEY (run_id, name)
+);
+CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
+
+CREATE TABLE callbacks (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL,
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    step_name text NOT NULL,
+    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'completed', 'timedOut', 'cancelled')),
+    body jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    completed_at timestamptz,
+    timeout_at timestamptz
+);
+
+CREATE TABLE run_events (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    project_id uuid NOT NULL,
+    at timestamptz NOT NULL DEFAULT now(),
+    type text NOT NULL,
+    step_name text,
+    invocation_id uuid,
+    deployment_id text,
+    http_status integer,
+    duration_ms integer,
+    data jsonb,
+    PRIMARY KEY (run_id, seq)
+);
+COMMENT ON TABLE run_events IS 'Append-only history of a run, in per-run seq order.';
+
+CREATE TABLE schedules (
+    id text PRIMARY KEY CHECK (id ~ '^wfs_[A-Za-z0-9]+$'),
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    workflow text NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL DEFAULT 'UTC',
+    input jsonb,
+    overlap text NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
+    misfire text NOT NULL DEFAULT 'fire_once' CHECK (misfire IN ('fire_once', 'skip', 'fire_all')),
+    status text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused', 'disabled', 'completed')),
+    source text NOT NULL DEFAULT 'api' CHECK (source IN ('api', 'code')),
+    disable_after integer NOT NULL DEFAULT 20 CHECK (disable_after >= 0),
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    version integer NOT NULL DEFAULT 1,
+    next_fire_at timestamptz,
+    last_fire_at timestamptz,
+    last_tick_at timestamptz,
+    buffered_tick_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON COLUMN schedules.last_tick_at IS 'The newest tick already planned (fired or skipped).';
+COMMENT ON COLUMN schedules.buffered_tick_at IS 'overlap buffer_one: the tick waiting for the active run to end.';
+CREATE UNIQUE INDEX schedules_code ON schedules (project_id, workflow) WHERE source = 'code';
+CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE status = 'active';
+
+CREATE TABLE schedule_ticks (
+    schedule_id text NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
+    tick_at timestamptz NOT NULL,
+    version integer NOT NULL,
+    outcome text NOT NULL CHECK (outcome IN ('fired', 'skipped', 'buffered')),
+    reason text,
+    run_id uuid,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (schedule_id, tick_at)
+);
+COMMENT ON TABLE schedule_ticks IS 'One row per planned tick: the primary key makes each tick fire at most once.';

@@ -1,0 +1,100 @@
+"""What moves a run from outside: callbacks, events, cancel and retry requests."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from stepline_server.engine import runs as rules
+from stepline_server.store import dispatch, runs
+from stepline_server.store.db import Conn, Q, Record
+
+
+async def get_callback(
+    conn: Conn, callback_id: uuid.UUID, project_id: uuid.UUID | None
+) -> Record | None:
+    """A callback (of ``project_id`` when given)."""
+    return await conn.fetchrow(Q["get_callback"], callback_id, project_id)
+
+
+async def complete_callback(
+    conn: Conn, callback_id: uuid.UUID, project_id: uuid.UUID | None, body: Any
+) -> tuple[Record | None, bool]:
+    """Complete a pending callback with ``body``: (the callback, whether this call completed it)."""
+    async with conn.transaction():
+        row = await conn.fetchrow(Q["complete_callback"], callback_id, body)
+        if row is None or (project_id is not None and row["project_id"] != project_id):
+            if row is not None:
+                raise RuntimeError("callback of another project")  # unreachable: ids are checked
+            return await get_callback(conn, callback_id, project_id), False
+        await conn.execute(Q["complete_wait_step"], row["run_id"], row["step_name"], body)
+        await runs.append_events(
+            conn,
+            row["run_id"],
+            [
+                {
+                    "type": "callback.completed",
+                    "step_name": row["step_name"],
+                    "data": {"callbackId": str(callback_id)},
+                },
+                {
+                    "type": "step.completed",
+                    "step_name": row["step_name"],
+                    "data": {"kind": "callback"},
+                },
+            ],
+        )
+        await dispatch.wake(conn, row["run_id"])
+        return row, True
+
+
+async def send_event(conn: Conn, project_id: uuid.UUID, name: str, data: Any) -> list[uuid.UUID]:
+    """Resume every run waiting for event ``name`` whose match fields equal ``data``'s."""
+    async with conn.transaction():
+        matched = await conn.fetch(Q["match_event_waits"], project_id, name, data)
+        for r in matched:
+            await runs.append_events(
+                conn,
+                r["run_id"],
+                [
+                    {"type": "event.received", "step_name": r["name"], "data": {"event": name}},
+                    {"type": "step.completed", "step_name": r["name"], "data": {"kind": "event"}},
+                ],
+            )
+            await dispatch.wake(conn, r["run_id"])
+        return [r["run_id"] for r in matched]
+
+
+async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
+    """Request cancellation; None when the run does not exist; RuleError when it has ended."""
+    async with conn.transaction():
+        run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
+        if run is None:
+            return None
+        if rules.check_cancel(run["status"]):
+            await dispatch.cancel_tree(conn, run_id)
+        return await runs.get(conn, project_id, run_id)
+
+
+async def retry(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
+) -> Record | None:
+    """Run an ended run again, keeping recorded steps (all before ``from_step``, if given)."""
+    async with conn.transaction():
+        run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
+        if run is None:
+            return None
+        rules.check_retry(run["status"])
+        position = None
+        if from_step is not None:
+            position = await conn.fetchval(Q["step_position"], run_id, from_step)
+            if position is None:
+                raise rules.RuleError(
+                    f"the run has no recorded step named {from_step!r}", "validation_failed"
+                )
+        await conn.execute(Q["delete_steps_for_retry"], run_id, position)
+        row = await conn.fetchrow(Q["restart_run"], run_id)
+        data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
+        await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
+        await conn.execute(Q["notify_wake"])
+        return row

@@ -1,0 +1,100 @@
+"""The run loop end to end: a real orchestrator invoking a real SDK app over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import stepline
+from tests.support import app_server, orchestrator_stack
+
+
+def make_app(counts: dict[str, int]) -> stepline.Stepline:
+    sl = stepline.Stepline("secret-e2e")
+
+    def bump(name: str) -> None:
+        counts[name] = counts.get(name, 0) + 1
+
+    @sl.workflow("three-steps")
+    async def three(ctx: stepline.Context, input: dict[str, Any]) -> dict[str, Any]:
+        def a() -> int:
+            bump("a")
+            return int(input["x"]) + 1
+
+        async def b(v: int) -> int:
+            bump("b")
+            return v * 2
+
+        x = await ctx.step("a", a)
+        y = await ctx.step("b", b, x)
+        z = await ctx.step("c", lambda: (bump("c"), y + 3)[1])
+        return {"result": z}
+
+    @sl.workflow("flaky", retries=stepline.Retries(attempts=5, initial_delay="50ms"))
+    async def flaky(ctx: stepline.Context, input: Any) -> str:
+        def first() -> str:
+            bump("first")
+            return "ok"
+
+        def shaky() -> str:
+            bump("shaky")
+            if counts["shaky"] < 3:
+                raise RuntimeError("not yet")
+            return "done"
+
+        await ctx.step("first", first)
+        return await ctx.step("shaky", shaky)
+
+    return sl
+
+
+async def test_three_step_workflow_completes(database_url: str) -> None:
+    """A 3-step workflow completes with the right output, each step run once."""
+    counts: dict[str, int] = {}
+    sl = make_app(counts)
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run("three-steps", {"x": 4})
+        assert run["status"] == "running"
+        done = await stack.client.wait_run(run["id"], timeout=20)
+        assert done["status"] == "completed", done
+        assert done["output"] == {"result": 13}
+        assert [s["name"] for s in done["steps"]] == ["a", "b", "c"]
+        assert counts == {"a": 1, "b": 1, "c": 1}
+        events = (await stack.client.list_run_events(run["id"]))["events"]
+        types = [e["type"] for e in events]
+        assert types[0] == "run.started" and types[-1] == "run.completed"
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        ended = [e for e in events if e["type"] == "invocation.ended"]
+        assert ended and ended[0]["httpStatus"] == 200 and "durationMs" in ended[0]
+
+
+async def test_step_retries_without_rerunning_earlier_steps(database_url: str) -> None:
+    """A step failing twice then succeeding ran three times; the step before it ran once."""
+    counts: dict[str, int] = {}
+    sl = make_app(counts)
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run("flaky", None)
+        done = await stack.client.wait_run(run["id"], timeout=20)
+        assert done["status"] == "completed", done
+        assert done["output"] == "done"
+        assert counts == {"first": 1, "shaky": 3}
+        shaky = next(s for s in done["steps"] if s["name"] == "shaky")
+        assert shaky["attempt"] == 3
+        types = [e["type"] for e in (await stack.client.list_run_events(run["id"]))["events"]]
+        assert types.count("step.retrying") == 2
+
+
+@pytest.mark.parametrize("n", [1])
+async def test_placeholder_concurrency(database_url: str, n: int) -> None:
+    """Several runs at once all complete."""
+    counts: dict[str, int] = {}
+    sl = make_app(counts)
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        started = [await stack.client.start_run("three-steps", {"x": i}) for i in range(10)]
+        done = await asyncio.gather(*(stack.client.wait_run(r["id"], timeout=30) for r in started))
+        assert [d["output"] for d in done] == [{"result": (i + 1) * 2 + 3} for i in range(10)]

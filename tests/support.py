@@ -1,0 +1,93 @@
+"""Test helpers: a real orchestrator and real SDK apps served by uvicorn on loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+import stepline
+from stepline_server.api.app import build_app
+from stepline_server.orchestrator import Orchestrator
+from stepline_server.settings import Settings
+from stepline_server.store import apps, db, keys
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any, port: int | None = None) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1; yields its base URL."""
+    port = port or free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", loop="asyncio"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("server did not start")
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@dataclass
+class Stack:
+    """An orchestrator on real HTTP with an API key and a client."""
+
+    orchestrator: Orchestrator
+    url: str
+    api_key: str
+    client: stepline.AsyncClient
+
+    async def register(self, sl: stepline.Stepline, app_url: str, name: str = "app") -> str:
+        """Register an SDK app under ``name`` with the Stepline's secret, and sync it."""
+        secret = sl.signing_secrets[0]
+        async with self.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, name, app_url, secret)
+            assert row is not None
+        await self.client.sync_app(row["slug"])
+        return str(row["slug"])
+
+    async def conn(self) -> db.Conn:
+        return await db.connect(self.orchestrator.dsn)
+
+
+def test_settings(**changes: Any) -> Settings:
+    """Settings for tests: short leases and polls so recovery is quick."""
+    base = Settings(lease_seconds=3.0, poll_seconds=0.5, invoke_timeout_seconds=10.0)
+    return base.with_(**changes)
+
+
+@contextlib.asynccontextmanager
+async def orchestrator_stack(database_url: str, **settings: Any) -> AsyncIterator[Stack]:
+    """A running orchestrator (API and loops) on a free port, with a key and a client."""
+    port = free_port()
+    s = test_settings(port=port, **settings)
+    orch = Orchestrator(s, database_url)
+    async with serve(build_app(orch), port) as url:
+        async with orch.pool.acquire() as conn:
+            key = await keys.create_key(conn, "test")
+        async with stepline.AsyncClient(url, api_key=key) as client:
+            yield Stack(orch, url, key, client)
+
+
+@contextlib.asynccontextmanager
+async def app_server(sl: stepline.Stepline, port: int | None = None) -> AsyncIterator[str]:
+    """Serve a Stepline's handler; yields the URL the orchestrator should invoke."""
+    async with serve(sl.asgi(), port) as url:
+        yield url + "/"

@@ -1,0 +1,255 @@
+"""The replay engine on hand-made invocations: what it sends, when, and how it answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import stepline
+from stepline import protocol
+from stepline._engine import Invocation
+from stepline._transport import StaleInvocation
+from stepline._workflow import WorkflowDef
+from stepline.protocol import StepRecord
+
+
+class Recorder:
+    """A progress sender that records every call and answers from a script."""
+
+    def __init__(self, cancel: bool = False, stale: bool = False) -> None:
+        self.calls: list[list[protocol.StepUpdate]] = []
+        self.cancel, self.stale = cancel, stale
+
+    async def progress(
+        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+    ) -> protocol.ProgressResponse:
+        self.calls.append(updates)
+        if self.stale:
+            raise StaleInvocation("another invocation owns the run")
+        callbacks = {
+            u.name: protocol.CallbackInfo(id=f"cb-{u.name}", url=f"https://x/{u.name}")
+            for u in updates
+            if u.action is protocol.Action.CALLBACK
+        }
+        return protocol.ProgressResponse(cancelRequested=self.cancel, callbacks=callbacks)
+
+
+def request(steps: list[StepRecord] | None = None, **kw: Any) -> protocol.InvokeRequest:
+    return protocol.InvokeRequest(
+        runId="run-1", workflow="wf", invocationId="inv-1", token="tok",
+        apiUrl="http://orchestrator", steps=steps or [], **kw,
+    )  # fmt: skip
+
+
+def record(name: str, kind: str, status: str, position: int, **kw: Any) -> StepRecord:
+    return StepRecord.model_validate(
+        {"name": name, "kind": kind, "status": status, "position": position, **kw}
+    )
+
+
+def brief(updates: list[protocol.StepUpdate]) -> list[tuple[str, str]]:
+    return [(u.action.value, u.name) for u in updates]
+
+
+async def invoke(fn: Any, req: protocol.InvokeRequest, sender: Recorder, **kw: Any) -> Any:
+    return await Invocation(WorkflowDef(name="wf", fn=fn, **kw), req, sender).run()
+
+
+async def test_each_progress_call_carries_the_previous_result() -> None:
+    """One progress call per sequential step, each carrying the previous step's result."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> int:
+        a = await ctx.step("a", lambda: 1)
+        b = await ctx.step("b", lambda: a + 1)
+        return await ctx.step("c", lambda: b + 1)
+
+    sender = Recorder()
+    answer = await invoke(wf, request(), sender)
+    assert [brief(c) for c in sender.calls] == [
+        [("start", "a")],
+        [("complete", "a"), ("start", "b")],
+        [("complete", "b"), ("start", "c")],
+    ]
+    assert answer.status == "completed" and answer.output == 3
+    assert brief(answer.updates) == [("complete", "c")]
+
+
+async def test_replayed_steps_send_nothing() -> None:
+    """Recorded steps replay without progress calls; only the new step is started."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> list[Any]:
+        a = await ctx.step("a", ran.append, "a")
+        b = await ctx.step("b", ran.append, "b")
+        return [a, b]
+
+    steps = [record("a", "run", "completed", 0, output="A")]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert ran == ["b"]
+    assert [brief(c) for c in sender.calls] == [[("start", "b")]]
+    assert answer.output == ["A", None]
+
+
+async def test_sleep_suspends_with_the_wait_in_the_answer() -> None:
+    """A new sleep needs no progress call: the answer is suspended and carries the sleep."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.now("t")
+        await ctx.sleep("nap", "90s")
+
+    sender = Recorder()
+    answer = await invoke(wf, request(), sender)
+    assert sender.calls == []
+    assert answer.status == "suspended"
+    assert brief(answer.updates) == [("complete", "t"), ("sleep", "nap")]
+    assert answer.updates[1].delay_ms == 90_000
+
+
+async def test_retry_uses_backoff_or_retry_after() -> None:
+    """A failed attempt is reported as retry with the policy's delay, or retry_after's."""
+
+    def fails() -> None:
+        raise stepline.RetryableError("later", retry_after="5m")
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("a", fails)
+
+    retries = stepline.Retries(attempts=4, initial_delay="2s", factor=3)
+    steps = [record("a", "run", "retrying", 0, attempt=2)]
+    answer = await invoke(wf, request(steps), Recorder(), retries=retries)
+    assert answer.status == "suspended"
+    (update,) = answer.updates
+    assert (update.action, update.attempt, update.delay_ms) == ("retry", 3, 300_000)
+    assert retries.delay_ms(1) == 2000 and retries.delay_ms(3) == 18_000
+    assert stepline.Retries(max_delay="5s").delay_ms(10) == 5000
+
+
+async def test_interrupted_last_attempt_fails_the_step() -> None:
+    """A step recorded running on its last attempt is not run again; it fails."""
+    ran: list[int] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("a", ran.append, 1)
+
+    steps = [record("a", "run", "running", 0, attempt=3)]
+    answer = await invoke(wf, request(steps), Recorder())
+    assert ran == []
+    assert answer.status == "failed" and answer.error.code == "attempts_exhausted"
+    assert brief(answer.updates) == [("fail", "a")]
+
+
+async def test_kind_mismatch_is_nondeterminism() -> None:
+    """A recorded run step met as a sleep fails the run with code nondeterminism."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.sleep("a", 1)
+
+    steps = [record("a", "run", "completed", 0, output=1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'a'" in answer.error.message and sender.calls == []
+
+
+async def test_new_step_before_recorded_one_is_nondeterminism() -> None:
+    """A new step while recorded steps are unreached fails before anything is sent or run."""
+    ran: list[int] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("a", ran.append, 1)
+        await ctx.step("x", ran.append, 2)
+
+    steps = [record("a", "run", "completed", 0), record("b", "run", "completed", 1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'x'" in answer.error.message and "'b'" in answer.error.message
+    assert ran == [] and sender.calls == [] and answer.updates == []
+
+
+async def test_cancel_reported_by_progress_reaches_a_blocked_branch() -> None:
+    """When a progress reply requests cancellation, a branch blocked on a sleep gets Cancelled."""
+    cleaned: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        try:
+            await asyncio.gather(ctx.step("a", lambda: 1), ctx.sleep("nap", "1d"))
+        except stepline.Cancelled:
+            await ctx.step("cleanup", cleaned.append, "done")
+            raise
+
+    answer = await invoke(wf, request(), Recorder(cancel=True))
+    assert answer.status == "cancelled"
+    assert cleaned == ["done"]
+
+
+async def test_cancel_requested_at_start_spares_finished_replays() -> None:
+    """With cancelRequested, finished records replay; the first new op raises Cancelled once."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        a = await ctx.step("a", lambda: 0)
+        try:
+            await ctx.step("b", lambda: 1)
+        except stepline.Cancelled:
+            return f"cancelled after {a}"
+        return "not cancelled"
+
+    steps = [record("a", "run", "completed", 0, output="A")]
+    answer = await invoke(wf, request(steps, cancelRequested=True), Recorder())
+    assert answer.status == "cancelled"
+
+
+async def test_callback_gets_its_id_from_a_progress_call() -> None:
+    """ctx.callback costs one progress call whose reply gives the id and URL."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> Any:
+        cb = await ctx.callback("approval", timeout="1h")
+        assert (cb.id, cb.url) == ("cb-approval", "https://x/approval")
+        return await cb.wait()
+
+    sender = Recorder()
+    answer = await invoke(wf, request(), sender)
+    assert [brief(c) for c in sender.calls] == [[("callback", "approval")]]
+    assert sender.calls[0][0].timeout_ms == 3_600_000
+    assert answer.status == "suspended" and answer.updates == []
+
+
+async def test_stale_progress_answers_stale() -> None:
+    """A 409 on a progress call stops the workflow and answers stale."""
+    ran: list[int] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("a", ran.append, 1)
+
+    answer = await invoke(wf, request(), Recorder(stale=True))
+    assert answer.status == "stale" and ran == []
+
+
+async def test_workflow_awaiting_other_things_is_not_suspended_early() -> None:
+    """Awaiting a plain asyncio.sleep between ops does not make the engine suspend the run."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await asyncio.sleep(0.02)
+        return await ctx.step("a", lambda: "ok")
+
+    answer = await invoke(wf, request(), Recorder())
+    assert answer.status == "completed" and answer.output == "ok"
+
+
+async def test_suspended_signal_is_not_swallowed_by_except_exception() -> None:
+    """A ctx call after the execution ended raises _Suspended, which except Exception misses."""
+    from stepline._errors import _Suspended
+
+    holder: dict[str, stepline.Context] = {}
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        holder["ctx"] = ctx
+        await ctx.sleep("nap", 5)
+
+    answer = await invoke(wf, request(), Recorder())
+    assert answer.status == "suspended"
+    with pytest.raises(_Suspended, match="must not be caught"):
+        await holder["ctx"].step("late", lambda: 1)
