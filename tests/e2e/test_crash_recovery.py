@@ -1,0 +1,166 @@
+"""Crashes: the app killed mid-run, the orchestrator killed with SIGKILL; runs still complete."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+import stepline
+from stepline_server.store import apps, db, keys
+from tests.apps import counting_app
+from tests.support import app_server, free_port, orchestrator_stack
+
+pytestmark = pytest.mark.slow
+
+SECRET = "crash-secret"
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+async def _until_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(int(timeout / 0.05)):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            try:
+                await http.get(url)
+                return
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@asynccontextmanager
+async def _app_process(port: int, count_file: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+    proc = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "tests.apps.counting_app:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        {"STEPLINE_SIGNING_SECRET": SECRET, "COUNT_FILE": str(count_file)},
+    )
+    try:
+        await _until_up(f"http://127.0.0.1:{port}/", proc)
+        yield proc
+    finally:
+        _kill(proc)
+
+
+async def _step_status(client: stepline.AsyncClient, run_id: str, name: str) -> str | None:
+    run = await client.get_run(run_id)
+    return next((s["status"] for s in run["steps"] if s["name"] == name), None)
+
+
+async def test_app_killed_mid_run_and_restarted(database_url: str, tmp_path: Path) -> None:
+    """The app dies in the middle of a step; once it is back the run completes, and the steps
+    recorded before the crash did not run again."""
+    counts = tmp_path / "counts"
+    port = free_port()
+    async with orchestrator_stack(database_url) as stack:
+        async with stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(
+                conn, keys.DEFAULT_PROJECT, "crashy", f"http://127.0.0.1:{port}/", SECRET
+            )
+        async with _app_process(port, counts) as proc:
+            await stack.client.sync_app(row["slug"])
+            run = await stack.client.start_run("slow-steps", {"steps": 4, "delay": 0.4})
+            while await _step_status(stack.client, run["id"], "s2") != "running":
+                await asyncio.sleep(0.05)
+            _kill(proc)
+        async with _app_process(port, counts):
+            done = await stack.client.wait_run(run["id"], timeout=60)
+        assert done["status"] == "completed", done
+        assert done["output"] == [0, 1, 4, 9]
+        ran = Counter(counts.read_text().split())
+        assert ran["s0"] == 1 and ran["s1"] == 1 and ran["s3"] == 1
+        assert ran["s2"] >= 1
+        types = [e["type"] async for e in stack.client.iter_run_events(run["id"])]
+        assert "invocation.ended" in types and types[-1] == "run.completed"
+
+
+async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_path: Path) -> None:
+    """SIGKILL of the orchestrator mid-run: after a restart the run completes, every step has
+    exactly one recorded result, and recorded steps never ran again."""
+    counts = tmp_path / "counts"
+    os.environ["COUNT_FILE"] = str(counts)
+    counting_app.sl.signing_secrets = (SECRET,)
+    port = free_port()
+    env = {
+        "DATABASE_URL": database_url,
+        "STEPLINE_PORT": str(port),
+        "STEPLINE_LEASE_SECONDS": "2",
+        "STEPLINE_POLL_SECONDS": "0.5",
+        "STEPLINE_LOG_LEVEL": "warning",
+    }
+    conn = await db.connect(database_url)
+    serve = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
+    try:
+        orch = _spawn(serve, env)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            await _until_up(base + "/healthz", orch)
+            key = await keys.create_key(conn, "crash")
+            async with (
+                app_server(counting_app.sl) as app_url,
+                stepline.AsyncClient(base, api_key=key) as client,
+            ):
+                app = await client.create_app("local", app_url)
+                await conn.execute(
+                    "UPDATE apps SET signing_secrets = $1 WHERE id = $2",
+                    [SECRET],
+                    uuid.UUID(app["id"]),
+                )
+                await client.sync_app(app["slug"])
+                run = await client.start_run("slow-steps", {"steps": 6, "delay": 0.25})
+                while await _step_status(client, run["id"], "s2") != "completed":
+                    await asyncio.sleep(0.05)
+                _kill(orch)
+                orch = _spawn(serve, env)
+                await _until_up(base + "/healthz", orch)
+                done = await client.wait_run(run["id"], timeout=60)
+        finally:
+            _kill(orch)
+        assert done["status"] == "completed", done
+        assert done["output"] == [i * i for i in range(6)]
+        ran = Counter(counts.read_text().split())
+        assert ran["s0"] == ran["s1"] == ran["s2"] == 1
+        assert all(ran[f"s{i}"] >= 1 for i in range(6))
+        rows = await conn.fetch(
+            "SELECT step_name, count(*) AS n FROM run_events WHERE run_id = $1 AND "
+            "type = 'step.completed' GROUP BY step_name",
+            uuid.UUID(run["id"]),
+        )
+        assert {r["step_name"]: r["n"] for r in rows} == {f"s{i}": 1 for i in range(6)}
+    finally:
+        await conn.close()
