@@ -70,10 +70,12 @@ ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: get_run_by_key
-SELECT * FROM runs WHERE project_id = $1 AND run_key = $2;
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.run_key = $2;
 
 -- name: get_run
-SELECT * FROM runs WHERE project_id = $1 AND id = $2;
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.id = $2;
 
 -- name: get_run_status
 SELECT status FROM runs WHERE id = $1;
@@ -84,15 +86,15 @@ LEFT JOIN callbacks c ON c.id = s.callback_id
 WHERE s.run_id = $1 ORDER BY s.position;
 
 -- name: search_runs
-SELECT * FROM runs
-WHERE project_id = $1
-  AND ($2::text IS NULL OR workflow = $2)
-  AND ($3::run_status IS NULL OR status = $3)
-  AND ($4::text IS NULL OR run_key = $4)
-  AND ($5::timestamptz IS NULL OR created_at >= $5)
-  AND ($6::timestamptz IS NULL OR created_at < $6)
-  AND ($7::timestamptz IS NULL OR (created_at, id) < ($7, $8::uuid))
-ORDER BY created_at DESC, id DESC
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1
+  AND ($2::text IS NULL OR r.workflow = $2)
+  AND ($3::run_status IS NULL OR r.status = $3)
+  AND ($4::text IS NULL OR r.run_key = $4)
+  AND ($5::timestamptz IS NULL OR r.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR r.created_at < $6)
+  AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))
+ORDER BY r.created_at DESC, r.id DESC
 LIMIT $9;
 
 -- name: list_events
