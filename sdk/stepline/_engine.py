@@ -130,6 +130,8 @@ class Invocation:
         reply = await self.sender.progress(self.request, updates)
         if reply.cancel_requested:
             self.ctx.request_cancel()
+        # A cancel request learnt from this call stops the new steps at their boundary.
+        cancel = self.ctx.cancel_requested and not self.ctx.cancel_raised
         for op in fresh:
             if op.future is None or op.future.done():
                 continue
@@ -141,6 +143,9 @@ class Invocation:
                     )
                 else:
                     op.future.set_result(info)
+            elif op.update.action is Action.START and cancel:
+                op.future.set_exception(self.ctx._cancelled())
+                self.ctx.activity += 1
             elif op.update.action is Action.START:
                 step = asyncio.ensure_future(self._execute(op))
                 self.running.add(step)

@@ -108,6 +108,12 @@ class _MemoryRun:
                 self.cancel_requested = True
         return created
 
+    def close_open_steps(self) -> None:
+        """The run ended: steps still open are cancelled, as the orchestrator records them."""
+        for record in self.steps.values():
+            if record.status in (StepStatus.RUNNING, StepStatus.RETRYING, *_WAITS):
+                record.status = StepStatus.CANCELLED
+
     async def advance(self) -> bool:
         """Let time pass for a suspended run; return whether anything became due."""
         moved = False
@@ -192,6 +198,7 @@ async def run(
         response = await Invocation(definition, request, memory).run()
         memory.apply(response.updates)
         if response.status is not protocol.InvokeStatus.SUSPENDED:
+            memory.close_open_steps()
             return RunResult(
                 run_id=memory.run_id, status=response.status.value, output=response.output,
                 error=response.error, steps=memory.steps, step_calls=memory.calls,

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import socket
 import uuid
+from datetime import UTC, datetime
 
 import httpx
+from pydantic import ValidationError
 
-from stepline.protocol import DescribeResponse
+from stepline.protocol import DescribeResponse, ScheduleSpec
+from stepline_server.engine import schedules as schedule_rules
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener
 from stepline_server.loops.dispatcher import Dispatcher
+from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
 from stepline_server.loops.waiters import RunWaiters
 from stepline_server.settings import Settings
-from stepline_server.store import db, keys
+from stepline_server.store import db, keys, schedules
 from stepline_server.store.migrate import apply_migrations
 
 
@@ -39,6 +43,7 @@ class Orchestrator:
         self.signer: CallbackSigner
         self.caller: AppCaller
         self.dispatcher: Dispatcher
+        self.scheduler: Scheduler
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
 
@@ -58,8 +63,10 @@ class Orchestrator:
             transport=self._app_transport,
         )
         self.dispatcher = Dispatcher(self.pool, self.settings, self.caller, self.signer, self.owner)
+        self.scheduler = Scheduler(self.pool, self.settings, on_started=self.dispatcher.wake)
         if self.run_loops:
             self.supervisor.add("dispatcher", self.dispatcher.run)
+            self.supervisor.add("scheduler", self.scheduler.run)
             self.supervisor.add("heartbeat", self.dispatcher.heartbeat)
             self.supervisor.add(
                 "listener",
@@ -68,9 +75,47 @@ class Orchestrator:
             self.supervisor.start()
 
     async def after_sync(self, conn: db.Conn, app: db.Record, described: DescribeResponse) -> None:
-        """Register what a sync found beyond workflows (schedules declared in code)."""
+        """Register what a sync found beyond workflows (schedules declared in code).
+
+        A declared schedule that does not parse raises a ValidationError naming its field.
+        """
+        declared = {
+            wf.name: _code_schedule(wf.name, wf.schedule)
+            for wf in described.workflows
+            if wf.schedule is not None
+        }
+        await schedules.sync_code(conn, app, declared, datetime.now(UTC))
 
     async def stop(self) -> None:
         await self.supervisor.stop()
         await self.caller.aclose()
         await self.pool.close()
+
+
+def _code_schedule(workflow: str, spec: ScheduleSpec) -> schedules.ScheduleDef:
+    """A schedule declared in code, validated; errors name ``workflows.<name>.schedule.<field>``."""
+    field = "cron"
+    try:
+        cron = schedule_rules.parse_cron(spec.cron)
+        schedule_rules.parse_timezone(spec.timezone)
+        field = "overlap"
+        overlap = schedule_rules.OverlapPolicy(spec.overlap)
+        field = "misfire"
+        misfire = schedule_rules.MisfirePolicy(spec.misfire)
+    except ValueError as exc:
+        field = exc.field if isinstance(exc, schedule_rules.ScheduleError) else field
+        error = {
+            "type": "value_error",
+            "loc": ("workflows", workflow, "schedule", field),
+            "input": getattr(spec, field),
+            "ctx": {"error": str(exc)},
+        }
+        raise ValidationError.from_exception_data("ScheduleSpec", [error]) from None  # type: ignore[list-item]
+    return schedules.ScheduleDef(
+        workflow=workflow,
+        cron=cron,
+        timezone=spec.timezone,
+        input=spec.input,
+        overlap=overlap,
+        misfire=misfire,
+    )

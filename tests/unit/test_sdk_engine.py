@@ -186,6 +186,24 @@ async def test_cancel_reported_by_progress_reaches_a_blocked_branch() -> None:
     assert cleaned == ["done"]
 
 
+async def test_cancel_reported_by_a_step_start_stops_that_step() -> None:
+    """A cancel learnt from a step's start call raises Cancelled there; the step never runs."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        try:
+            await ctx.step("next", ran.append, "next")
+        except stepline.Cancelled:
+            await ctx.step("cleanup", ran.append, "cleanup")
+            raise
+
+    sender = Recorder(cancel=True)
+    answer = await invoke(wf, request(), sender)
+    assert answer.status == "cancelled"
+    assert ran == ["cleanup"]
+    assert [brief(c) for c in sender.calls] == [[("start", "next")], [("start", "cleanup")]]
+
+
 async def test_cancel_requested_at_start_spares_finished_replays() -> None:
     """With cancelRequested, finished records replay; the first new op raises Cancelled once."""
 

@@ -176,7 +176,7 @@ async def test_cancellation_raises_cancelled_and_cleanup_runs() -> None:
     assert result.status == "cancelled"
     assert seen == ["cancelled"]
     assert result.steps["cleanup"].status == "completed"
-    assert result.steps["b"].status == "completed"
+    assert result.steps["b"].status == "cancelled"  # its start learnt of the cancel: not run
     assert "nap" not in result.steps and "c" not in result.steps
 
 

@@ -12,6 +12,7 @@ from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
 from stepline_server.api import routes_runs as runs
+from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
 from stepline_server.api.errors import ApiError, handle_api_error, handle_unexpected
@@ -41,6 +42,14 @@ ROUTES: list[BaseRoute] = [
     ),
     Route("/v1/events", waits.send_event, methods=["POST"]),
     Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
+    Route("/v1/schedules", schedules.create_schedule, methods=["POST"]),
+    Route("/v1/schedules", schedules.list_schedules, methods=["GET"]),
+    Route("/v1/schedules/{scheduleId}", schedules.get_schedule, methods=["GET"]),
+    Route("/v1/schedules/{scheduleId}", schedules.update_schedule, methods=["PATCH"]),
+    Route("/v1/schedules/{scheduleId}", schedules.delete_schedule, methods=["DELETE"]),
+    Route("/v1/schedules/{scheduleId}/pause", schedules.pause_schedule, methods=["POST"]),
+    Route("/v1/schedules/{scheduleId}/resume", schedules.resume_schedule, methods=["POST"]),
+    Route("/v1/schedules/{scheduleId}/trigger", schedules.trigger_schedule, methods=["POST"]),
 ]
 
 

@@ -111,7 +111,7 @@ async def sync_app(request: Request) -> Response:
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
         workflows.append((wf.name, options))
     try:
-        async with o.pool.acquire() as conn:
+        async with o.pool.acquire() as conn, conn.transaction():
             synced = await apps.record_sync(conn, row, workflows, described.deployment_id)
             await o.after_sync(conn, synced, described)
     except ValidationError as exc:

@@ -46,8 +46,9 @@ async def run_json(conn: Conn, row: Record, *, with_steps: bool = True) -> dict[
 
 
 async def apps_slug(conn: Conn, row: Record) -> str | None:
-    if "app_slug" in row.keys():
-        return row["app_slug"]  # type: ignore[no-any-return]
+    slug = row.get("app_slug")
+    if slug is not None:
+        return slug  # type: ignore[no-any-return]
     app = await apps.get(conn, row["project_id"], str(row["app_id"]))
     return app["slug"] if app else None
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import Plan
-from stepline_server.store import runs
+from stepline_server.store import runs, schedules
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -135,7 +135,7 @@ async def _start_child(
         )
         await conn.execute(Q["notify_wake"])
         return
-    existing = await conn.fetchrow(Q["get_run"], project_id, cid)
+    existing = await conn.fetchrow(Q["lock_run"], project_id, cid)
     if existing is None:
         error = {
             "type": "ChildWorkflowFailed",
@@ -154,9 +154,25 @@ async def _start_child(
                 }
             ],
         )
+    elif existing["status"] in rules.RETRYABLE:
+        # A retry runs the parent's step again: the child that did not complete runs again too.
+        await restart(conn, cid, None, None)
     elif existing["status"] in rules.ENDED:
-        # The child already ran (a retry from an earlier step): it started exactly once.
+        # The child already completed (a retry from an earlier step): it started exactly once.
         await resolve_child(conn, existing)
+
+
+async def restart(
+    conn: Conn, run_id: uuid.UUID, position: int | None, from_step: str | None
+) -> Record:
+    """Run an ended run again, from its first failed or unfinished step (or the step at
+    ``position``, when earlier). In a transaction, with the run locked."""
+    await conn.execute(Q["delete_steps_for_retry"], run_id, position)
+    row = await conn.fetchrow(Q["restart_run"], run_id)
+    data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
+    await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
+    await conn.execute(Q["notify_wake"])
+    return row
 
 
 async def resolve_child(conn: Conn, child: Record) -> None:
@@ -267,6 +283,8 @@ async def end_run(
         child = await conn.fetchrow(Q["get_run"], row["project_id"], run_id)
         assert child is not None
         await resolve_child(conn, child)
+    if row["schedule_id"] is not None:
+        await schedules.on_run_ended(conn, row)
     return True
 
 

@@ -219,12 +219,17 @@ e AS (
 SELECT r.cancel_requested, r.project_id FROM r;
 
 -- name: insert_callbacks
+-- A callback's id is derived from its run and step: an ended one comes back only when a retry
+-- runs its step again, and then it waits anew.
 INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
 SELECT x.id, $1, $2, x.step_name,
        CASE WHEN x.timeout_ms IS NOT NULL
             THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
 FROM jsonb_to_recordset($3::jsonb) AS x(id uuid, step_name text, timeout_ms bigint)
-ON CONFLICT (id) DO NOTHING;
+ON CONFLICT (id) DO UPDATE SET
+    status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
+    timeout_at = excluded.timeout_at
+WHERE callbacks.status <> 'pending';
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
@@ -305,12 +310,14 @@ RETURNING id;
 SELECT * FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: delete_steps_for_retry
--- Steps that run again on retry: unfinished or failed ones, and with fromStep ($2) that step
--- and every step recorded after it.
+-- Steps that run again on retry: from the first failed or unfinished step (or fromStep's
+-- position $2, when earlier) every step recorded after it too, so the history replays without
+-- a hole (cleanup steps of a cancel, a callback's notification, parallel siblings run again).
 DELETE FROM steps
 WHERE run_id = $1
-  AND (status IN ('failed', 'cancelled', 'running', 'retrying')
-       OR ($2::bigint IS NOT NULL AND position >= $2));
+  AND position >= least($2::bigint, (
+      SELECT min(position) FROM steps
+      WHERE run_id = $1 AND status IN ('failed', 'cancelled', 'running', 'retrying')));
 
 -- name: step_position
 SELECT position FROM steps WHERE run_id = $1 AND name = $2;

@@ -170,7 +170,7 @@ CREATE TABLE schedules (
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON COLUMN schedules.last_tick_at IS 'The newest tick already planned (fired or skipped).';
+COMMENT ON COLUMN schedules.last_tick_at IS 'The tick cursor: ticks at or before it are never planned again (the newest planned tick, or the time of an edit or resume that restarted counting).';
 COMMENT ON COLUMN schedules.buffered_tick_at IS 'overlap buffer_one: the tick waiting for the active run to end.';
 CREATE UNIQUE INDEX schedules_code ON schedules (project_id, workflow) WHERE source = 'code';
 CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE status = 'active';

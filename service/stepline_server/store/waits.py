@@ -79,7 +79,8 @@ async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record
 async def retry(
     conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
 ) -> Record | None:
-    """Run an ended run again, keeping recorded steps (all before ``from_step``, if given)."""
+    """Run an ended run again, keeping the steps recorded before its first failed or unfinished
+    one (and before ``from_step``, if given)."""
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:
@@ -92,9 +93,4 @@ async def retry(
                 raise rules.RuleError(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
-        await conn.execute(Q["delete_steps_for_retry"], run_id, position)
-        row = await conn.fetchrow(Q["restart_run"], run_id)
-        data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
-        await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
-        await conn.execute(Q["notify_wake"])
-        return row
+        return await dispatch.restart(conn, run_id, position, from_step)

@@ -1,0 +1,196 @@
+"""Routes for cron schedules: create, read, list, change, pause, resume, trigger, delete."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from stepline_server.api import pagination, serialize
+from stepline_server.api.context import orch, project
+from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
+from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.routes_runs import run_json
+from stepline_server.engine import schedules as rules
+from stepline_server.store import apps, schedules
+from stepline_server.store.db import Record
+
+_ID = re.compile(r"^wfs_[A-Za-z0-9]+$")
+
+
+class ScheduleCreate(BaseModel):
+    workflow: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    cron: str
+    timezone: str
+    input: Any = None
+    overlap: rules.OverlapPolicy = rules.OverlapPolicy.ALLOW
+    misfire: rules.MisfirePolicy = rules.MisfirePolicy.FIRE_ONCE
+    disable_after: int = Field(default=rules.DEFAULT_DISABLE_AFTER, ge=0, alias="disableAfter")
+
+
+class ScheduleUpdate(BaseModel):
+    cron: str | None = None
+    timezone: str | None = None
+    input: Any = None
+    overlap: rules.OverlapPolicy | None = None
+    misfire: rules.MisfirePolicy | None = None
+    disable_after: int | None = Field(default=None, ge=0, alias="disableAfter")
+
+
+_CAMEL = {"disable_after": "disableAfter"}
+
+
+def _invalid(exc: rules.ScheduleError) -> ValidationFailed:
+    return ValidationFailed(exc.message, {"fields": {exc.field: exc.message}})
+
+
+def _validated(cron: str, timezone: str) -> str:
+    """The normalised cron; a 422 naming ``cron`` or ``timezone`` when either does not parse."""
+    try:
+        normalised = rules.parse_cron(cron)
+        rules.parse_timezone(timezone)
+    except rules.ScheduleError as exc:
+        raise _invalid(exc) from None
+    return normalised
+
+
+def _schedule_id(request: Request) -> str:
+    sid: str = request.path_params["scheduleId"]
+    if not _ID.match(sid):
+        raise NotFound(f"no schedule with id {sid!r}")
+    return sid
+
+
+def _found(row: Record | None, sid: str) -> Record:
+    if row is None:
+        raise NotFound(f"no schedule with id {sid!r}")
+    return row
+
+
+async def create_schedule(request: Request) -> Response:
+    pid = await project(request)
+    body = await read_model(request, ScheduleCreate)
+    cron = _validated(body.cron, body.timezone)
+    d = schedules.ScheduleDef(
+        workflow=body.workflow,
+        cron=cron,
+        timezone=body.timezone,
+        input=body.input,
+        overlap=body.overlap,
+        misfire=body.misfire,
+        disable_after=body.disable_after,
+    )
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        if await apps.workflow(conn, pid, body.workflow) is None:
+            raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
+        row = await schedules.create(conn, pid, d, datetime.now(UTC))
+    assert row is not None
+    o.scheduler.wake()
+    return json_response(serialize.schedule(row), 201)
+
+
+async def list_schedules(request: Request) -> Response:
+    pid = await project(request)
+    limit = pagination.limit_of(request)
+    cursor = pagination.decode(request, 2)
+    after = None
+    if cursor:
+        try:
+            after = (datetime.fromisoformat(cursor[0]), str(cursor[1]))
+        except (ValueError, TypeError):
+            raise ValidationFailed("the cursor is not one this API gave out") from None
+    async with orch(request).pool.acquire() as conn:
+        rows = await schedules.page(conn, pid, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    nxt = pagination.encode([rows[-1]["created_at"].isoformat(), rows[-1]["id"]]) if more else None
+    return json_response({"schedules": [serialize.schedule(r) for r in rows], "nextCursor": nxt})
+
+
+async def get_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    async with orch(request).pool.acquire() as conn:
+        row = _found(await schedules.get(conn, pid, sid), sid)
+    return json_response(serialize.schedule(row))
+
+
+async def update_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    body = await read_model(request, ScheduleUpdate)
+    given = body.model_fields_set
+    if not given:
+        raise ValidationFailed(
+            "give at least one field to change: cron, timezone, input, overlap, misfire,"
+            " disableAfter"
+        )
+    changes: dict[str, Any] = {name: getattr(body, name) for name in given}
+    for name, value in changes.items():
+        if value is None and name != "input":
+            field = _CAMEL.get(name, name)
+            raise ValidationFailed(f"{field} must not be null", {"fields": {field: "null"}})
+    try:
+        if "cron" in changes:
+            changes["cron"] = rules.parse_cron(changes["cron"])
+        if "timezone" in changes:
+            rules.parse_timezone(changes["timezone"])
+    except rules.ScheduleError as exc:
+        raise _invalid(exc) from None
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        row = _found(await schedules.update(conn, pid, sid, changes, datetime.now(UTC)), sid)
+    o.scheduler.wake()
+    return json_response(serialize.schedule(row))
+
+
+async def delete_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    async with orch(request).pool.acquire() as conn:
+        if not await schedules.delete(conn, pid, sid):
+            raise NotFound(f"no schedule with id {sid!r}")
+    return Response(status_code=204)
+
+
+async def pause_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    async with orch(request).pool.acquire() as conn:
+        try:
+            row = await schedules.pause(conn, pid, sid, datetime.now(UTC))
+        except schedules.InvalidTransition as exc:
+            raise InvalidState(str(exc)) from None
+    return json_response(serialize.schedule(_found(row, sid)))
+
+
+async def resume_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        try:
+            row = await schedules.resume(conn, pid, sid, datetime.now(UTC))
+        except schedules.InvalidTransition as exc:
+            raise InvalidState(str(exc)) from None
+    o.scheduler.wake()
+    return json_response(serialize.schedule(_found(row, sid)))
+
+
+async def trigger_schedule(request: Request) -> Response:
+    pid = await project(request)
+    sid = _schedule_id(request)
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        try:
+            run = await schedules.trigger(conn, pid, sid, datetime.now(UTC))
+        except schedules.WorkflowGone as exc:
+            raise NotFound(f"{exc}; sync the app that hosts it") from None
+        run = _found(run, sid)
+        o.dispatcher.wake()
+        return json_response(await run_json(conn, run), 201)
