@@ -13,7 +13,7 @@ from stepline.protocol import DescribeResponse, ScheduleSpec
 from stepline_server.engine import schedules as schedule_rules
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
-from stepline_server.loops import listener
+from stepline_server.loops import listener, sweeper
 from stepline_server.loops.dispatcher import Dispatcher
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
@@ -68,6 +68,7 @@ class Orchestrator:
             self.supervisor.add("dispatcher", self.dispatcher.run)
             self.supervisor.add("scheduler", self.scheduler.run)
             self.supervisor.add("heartbeat", self.dispatcher.heartbeat)
+            self.supervisor.add("sweeper", lambda: sweeper.sweep(self.pool))
             self.supervisor.add(
                 "listener",
                 lambda: listener.listen(self.dsn, self.dispatcher.wake, self.waiters.ended),

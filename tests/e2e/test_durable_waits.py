@@ -855,3 +855,32 @@ async def test_retry_of_a_parent_runs_its_failed_child_again(database_url: str) 
         assert child_types.count("run.started") == 1
         assert child_types.index("run.failed") < child_types.index("run.retried")
         assert child_types[-1] == "run.completed"
+
+
+async def test_event_racing_its_wait_is_not_lost(database_url: str) -> None:
+    """A step sets off an event that arrives before the wait after it is recorded: the wait
+    still receives it (events since the wait's preceding step count)."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("self-notify")
+    async def self_notify(ctx: stepline.Context, input: dict[str, Any]) -> Any:
+        async def trigger() -> int:
+            async with stepline.AsyncClient(input["url"], api_key=input["key"]) as client:
+                sent = await client.send_event("order.paid", {"order": input["order"]})
+            return int(sent["matchedRuns"])
+
+        matched = await ctx.step("trigger", trigger)
+        data = await ctx.wait_for_event(
+            "paid", event="order.paid", match={"order": input["order"]}, timeout="5s"
+        )
+        return {"matchedWhenSent": matched, "data": data}
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run(
+            "self-notify", {"url": stack.url, "key": stack.api_key, "order": "o-1"}
+        )
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        assert done["status"] == "completed", done
+        assert done["output"] == {"matchedWhenSent": 0, "data": {"order": "o-1"}}
+        assert "event.received" in await event_types(stack, run["id"])

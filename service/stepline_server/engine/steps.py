@@ -94,6 +94,12 @@ class Plan:
     events: list[dict[str, Any]] = field(default_factory=list)
     callbacks: list[tuple[str, str, int | None]] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
+    event_waits: list[StepChange] = field(default_factory=list)
+
+    @property
+    def needs_transaction(self) -> bool:
+        """More than the one progress statement is needed to apply this plan."""
+        return bool(self.callbacks or self.children or self.event_waits)
 
 
 def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
@@ -112,6 +118,8 @@ def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
         if u.action is Action.CALLBACK:
             assert change.callback_id is not None
             plan.callbacks.append((change.callback_id, u.name, u.timeout_ms))
+        elif u.action is Action.EVENT:
+            plan.event_waits.append(change)
         elif u.action is Action.INVOKE:
             assert change.child_run_id is not None and u.workflow is not None
             plan.children.append(ChildStart(change.child_run_id, u.name, u.workflow, u.input))

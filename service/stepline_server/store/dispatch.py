@@ -77,7 +77,7 @@ async def apply_plan(
     lease_seconds: float,
 ) -> Applied | None:
     """Commit a batch of step changes for the lease holder; None when the token is stale."""
-    if plan.callbacks or plan.children:
+    if plan.needs_transaction:
         async with conn.transaction():
             return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
     return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
@@ -91,6 +91,7 @@ async def _apply(
     plan: Plan,
     lease_seconds: float,
 ) -> Applied | None:
+    since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
     row = await conn.fetchrow(
         Q["progress"],
         run_id,
@@ -111,7 +112,34 @@ async def _apply(
         await _start_child(
             conn, project_id, run_id, child.id, child.step_name, child.workflow, child.input
         )
+    if plan.event_waits and since is not None:
+        await _take_recent_events(conn, project_id, run_id, plan, since)
     return Applied(row["cancel_requested"], [name for _, name, _ in plan.callbacks])
+
+
+async def _take_recent_events(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, plan: Plan, since: Any
+) -> None:
+    """Event waits see matching events that arrived since the invocation last committed."""
+    taken: list[dict[str, Any]] = []
+    for wait in plan.event_waits:
+        name = await conn.fetchval(
+            Q["take_recent_event"],
+            run_id,
+            project_id,
+            wait.name,
+            since,
+            wait.event_name,
+            wait.match,
+        )
+        if name is not None:
+            taken += [
+                {"type": "event.received", "step_name": name, "data": {"event": wait.event_name}},
+                {"type": "step.completed", "step_name": name, "data": {"kind": "event"}},
+            ]
+    if taken:
+        await runs.append_events(conn, run_id, taken)
+        await conn.execute(Q["wake"], run_id)
 
 
 async def _start_child(

@@ -136,6 +136,7 @@ SET lease_token = gen_random_uuid()::text,
     lease_owner = $2,
     ready_at = now() + make_interval(secs => $3::double precision),
     claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
     started_at = coalesce(r.started_at, now())
 FROM due
 WHERE r.id = due.id
@@ -178,7 +179,8 @@ SELECT a.url, a.signing_secrets FROM apps a WHERE a.id = $1;
 WITH r AS (
     UPDATE runs
     SET next_seq = next_seq + $4,
-        ready_at = now() + make_interval(secs => $5::double precision)
+        ready_at = now() + make_interval(secs => $5::double precision),
+        progress_at = now()
     WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
     RETURNING id, project_id, next_seq - $4 AS base, cancel_requested
 ),
@@ -341,6 +343,29 @@ RETURNING *;
 -- name: complete_wait_step
 UPDATE steps SET status = 'completed', output = $3, ended_at = now()
 WHERE run_id = $1 AND name = $2 AND status = 'waiting';
+
+-- name: insert_event
+INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4);
+
+-- name: progress_at
+SELECT progress_at FROM runs WHERE id = $1;
+
+-- name: take_recent_event
+-- An event wait just recorded takes the first matching event received since $4 (the wait's
+-- invocation last committed): the event may have raced the wait's own commit.
+UPDATE steps s SET status = 'completed', output = ev.data, ended_at = now()
+FROM (
+    SELECT e.data FROM events e
+    WHERE e.project_id = $2 AND e.name = $5 AND e.received_at >= $4
+      AND coalesce(e.data, 'null'::jsonb) @> coalesce($6::jsonb, '{}'::jsonb)
+    ORDER BY e.received_at
+    LIMIT 1
+) ev
+WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
+RETURNING s.name;
+
+-- name: delete_old_events
+DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double precision);
 
 -- name: match_event_waits
 UPDATE steps SET status = 'completed', output = $3, ended_at = now()

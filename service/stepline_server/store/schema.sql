@@ -85,11 +85,13 @@ CREATE TABLE runs (
     invoke_attempts integer NOT NULL DEFAULT 0,
     wake_seq bigint NOT NULL DEFAULT 0,
     claimed_wake_seq bigint NOT NULL DEFAULT 0,
+    progress_at timestamptz,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 );
 COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the run: due work, a timer, a timeout, or the end of the current lease. NULL: nothing to do until something wakes it.';
 COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
+COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
@@ -132,6 +134,16 @@ CREATE TABLE callbacks (
     completed_at timestamptz,
     timeout_at timestamptz
 );
+
+CREATE TABLE events (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    data jsonb,
+    received_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE events IS 'Events sent with POST /v1/events, kept a day so a wait recorded just after one arrived still sees it.';
+CREATE INDEX events_recent ON events (project_id, name, received_at);
 
 CREATE TABLE run_events (
     run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,

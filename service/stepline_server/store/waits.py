@@ -51,6 +51,7 @@ async def complete_callback(
 async def send_event(conn: Conn, project_id: uuid.UUID, name: str, data: Any) -> list[uuid.UUID]:
     """Resume every run waiting for event ``name`` whose match fields equal ``data``'s."""
     async with conn.transaction():
+        await conn.execute(Q["insert_event"], uuid.uuid4(), project_id, name, data)
         matched = await conn.fetch(Q["match_event_waits"], project_id, name, data)
         for r in matched:
             await runs.append_events(
@@ -94,3 +95,9 @@ async def retry(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
         return await dispatch.restart(conn, run_id, position, from_step)
+
+
+async def delete_old_events(conn: Conn, older_than_seconds: float) -> int:
+    """Delete events received more than ``older_than_seconds`` ago; return how many."""
+    status = await conn.execute(Q["delete_old_events"], older_than_seconds)
+    return int(status.split()[-1])
