@@ -70,7 +70,7 @@ async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
 async def _dev(settings: Settings, app_port: int, once: bool) -> int:
     module = _example_module()
     sl: stepline.Stepline = module.sl
-    async with database(settings) as dsn:
+    async with database(settings) as (dsn, where):
         orch = Orchestrator(settings, dsn)
         api = _server(build_app(orch), settings.host, settings.port, signals=True)
         api_task = asyncio.create_task(api.serve())
@@ -93,10 +93,7 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             async with stepline.AsyncClient(base, api_key=key) as client:
                 synced = await client.sync_app(row["slug"])
                 names = ", ".join(w["name"] for w in synced["workflows"])
-                print(
-                    f"Stepline orchestrator: {base}  (database: "
-                    f"{'DATABASE_URL' if settings.database_url else settings.data_dir / 'pg'})"
-                )
+                print(f"Stepline orchestrator: {base}  ({where})")
                 print(f"Example app {row['slug']} at {app_url} with workflows: {names}")
                 print(f"API key (dev): {key}\n")
                 await _demo(client)

@@ -15,17 +15,18 @@ from stepline_server.store.migrate import apply_migrations
 
 
 @asynccontextmanager
-async def database(settings: Settings) -> AsyncIterator[str]:
-    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed."""
+async def database(settings: Settings) -> AsyncIterator[tuple[str, str]]:
+    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed:
+    yields the DSN and a line saying which it is."""
     if settings.database_url:
-        yield settings.database_url
+        yield settings.database_url, "DATABASE_URL"
         return
     from stepline_server.store.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(settings.data_dir / "pg")
     dsn = await asyncio.to_thread(server.start)
     try:
-        yield dsn
+        yield dsn, f"embedded PostgreSQL, data in {server.data_dir}"
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -36,7 +37,7 @@ async def _serve(settings: Settings) -> None:
     from stepline_server.api.app import build_app
     from stepline_server.orchestrator import Orchestrator
 
-    async with database(settings) as dsn:
+    async with database(settings) as (dsn, _):
         app = build_app(Orchestrator(settings, dsn))
         config = uvicorn.Config(
             app,
@@ -51,7 +52,7 @@ async def _serve(settings: Settings) -> None:
 
 
 async def _migrate(settings: Settings) -> None:
-    async with database(settings) as dsn:
+    async with database(settings) as (dsn, _):
         conn = await db.connect(dsn)
         try:
             applied = await apply_migrations(conn)
@@ -62,7 +63,7 @@ async def _migrate(settings: Settings) -> None:
 
 
 async def _create_key(settings: Settings, name: str) -> None:
-    async with database(settings) as dsn:
+    async with database(settings) as (dsn, _):
         conn = await db.connect(dsn)
         try:
             await apply_migrations(conn)

@@ -1,0 +1,78 @@
+"""The ``stepline`` command: dev runs the example end to end, migrate and keys create work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stepline(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "stepline_server.cli.main", *args],
+        env={**os.environ, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_dev_runs_the_example_on_embedded_postgres(tmp_path: Path) -> None:
+    """`stepline dev --once` starts embedded PostgreSQL, registers the example app, runs a
+    workflow to completion and prints an API key and curl lines; its data survives a restart."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "app.py").write_text((ROOT / "examples" / "app.py").read_text())
+    env = {"STEPLINE_PORT": str(free_port()), "STEPLINE_LOG_LEVEL": "warning"}
+    env.pop("DATABASE_URL", None)
+    os.environ.pop("DATABASE_URL", None)
+    args = ["dev", "--once", "--app-port", str(free_port())]
+    out = _stepline(*args, env=env, cwd=tmp_path)
+    assert "Run completed" in out and "send-welcome" in out
+    assert "API key (dev): sl_" in out and "curl -s -X POST" in out
+    assert "embedded PostgreSQL, data in" in out
+    again = _stepline(*args, env=env, cwd=tmp_path)
+    assert "Run completed" in again
+
+
+def test_migrate_and_keys_create(database_url: str, tmp_path: Path) -> None:
+    """`stepline migrate` is idempotent and `stepline keys create` prints a working key last."""
+    env = {"DATABASE_URL": database_url, "STEPLINE_LOG_LEVEL": "warning"}
+    assert "nothing" in _stepline("migrate", env=env, cwd=tmp_path)
+    key = _stepline("keys", "create", "--name", "ci", env=env, cwd=tmp_path).splitlines()[-1]
+    assert key.startswith("sl_")
+    port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "stepline_server.cli.main", "serve", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            try:
+                answer = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/runs", headers={"authorization": f"Bearer {key}"}
+                )
+                break
+            except httpx.HTTPError:
+                if serve.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        assert answer.status_code == 200 and answer.json() == {"runs": [], "nextCursor": None}
+    finally:
+        serve.terminate()
+        serve.wait(10)
