@@ -15,7 +15,7 @@ from typing import Protocol
 import httpx
 import pydantic
 
-from stepline import _json, protocol
+from stepline import _http, _json, protocol
 
 logger = logging.getLogger("stepline")
 
@@ -41,7 +41,8 @@ class ProgressSender(Protocol):
 
 
 class Transport:
-    """Sends progress calls over one shared keep-alive ``httpx.AsyncClient``."""
+    """Sends progress calls over one shared keep-alive client: :mod:`stepline._http` by
+    default, or a given ``httpx.AsyncClient`` (tests route that one in process)."""
 
     def __init__(
         self,
@@ -51,23 +52,28 @@ class Transport:
         backoff: float = 0.2,
     ) -> None:
         self._client = client
-        self._owned = client is None
+        self._fast = _http.HttpClient(timeout=30.0)
         self.retries = retries
         self.backoff = backoff
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The HTTP client, made on first use when none was given."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
-                timeout=httpx.Timeout(30.0, connect=5.0),
-            )
+    def client(self) -> httpx.AsyncClient | None:
+        """The httpx client progress calls go through, when one was given."""
         return self._client
 
     @client.setter
     def client(self, value: httpx.AsyncClient) -> None:
-        self._client, self._owned = value, False
+        self._client = value
+
+    async def _post(self, url: str, content: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self._client is not None:
+            try:
+                answer = await self._client.post(url, content=content, headers=headers)
+            except httpx.HTTPError as exc:
+                raise _http.HttpError(f"{type(exc).__name__}: {exc}") from None
+            return answer.status_code, answer.content
+        response = await self._fast.post(url, content, headers)
+        return response.status, response.body
 
     async def progress(
         self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
@@ -85,21 +91,20 @@ class Transport:
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                answer = await self.client.post(url, content=content, headers=headers)
-            except httpx.HTTPError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
+                status, answer = await self._post(url, content, headers)
+            except _http.HttpError as exc:
+                problem = str(exc)
                 continue
-            if answer.status_code == 409:
-                raise StaleInvocation(answer.text[:500])
-            if answer.status_code >= 500:
-                problem = f"HTTP {answer.status_code}"
+            text = answer[:500].decode("utf-8", "replace")
+            if status == 409:
+                raise StaleInvocation(text)
+            if status >= 500:
+                problem = f"HTTP {status}"
                 continue
-            if answer.status_code != 200:
-                raise OrchestratorUnavailable(
-                    f"progress call refused with HTTP {answer.status_code}: {answer.text[:500]}"
-                )
+            if status != 200:
+                raise OrchestratorUnavailable(f"progress call refused with HTTP {status}: {text}")
             try:
-                return protocol.ProgressResponse.model_validate(answer.json())
+                return protocol.ProgressResponse.model_validate(_json.loads(answer))
             except (ValueError, pydantic.ValidationError) as exc:
                 raise OrchestratorUnavailable(f"progress answer is not valid: {exc}") from None
         logger.warning(
@@ -109,7 +114,5 @@ class Transport:
         raise OrchestratorUnavailable(f"progress call failed {self.retries + 1} times: {problem}")
 
     async def aclose(self) -> None:
-        """Close the client if this transport made it."""
-        if self._client is not None and self._owned:
-            await self._client.aclose()
-            self._client = None
+        """Close the connections this transport opened (a given httpx client stays open)."""
+        await self._fast.aclose()

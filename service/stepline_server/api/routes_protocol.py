@@ -30,9 +30,7 @@ async def progress(request: Request) -> Response:
         raise ValidationFailed(str(exc)) from None
     o = orch(request)
     async with o.pool.acquire() as conn:
-        applied = await dispatch.apply_plan(
-            conn, run_id, token.strip(), invocation_id, plan, o.settings.lease_seconds
-        )
+        applied = await dispatch.apply_plan(conn, run_id, token.strip(), invocation_id, plan)
     if applied is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url

@@ -1,4 +1,8 @@
-"""Calls into apps over HTTP: signed ``invoke`` and ``describe`` requests, and their answers."""
+"""Calls into apps over HTTP: signed ``invoke`` and ``describe`` requests, and their answers.
+
+Invocations go through the SDK's lean keep-alive client (:mod:`stepline._http`, far cheaper per
+request than httpx); a given httpx transport replaces it, so tests can call an app in process.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from stepline import _http
 from stepline._signing import sign
 from stepline.protocol import SIGNATURE_HEADER, DescribeResponse, InvokeResponse
 
@@ -35,18 +40,29 @@ class AppCaller:
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=limits,
-            follow_redirects=True,
-            transport=transport,
-        )
+        self._fast = _http.HttpClient(timeout=timeout, max_idle=max_connections)
+        self._client: httpx.AsyncClient | None = None
+        if transport is not None:
+            self._client = httpx.AsyncClient(
+                timeout=timeout, follow_redirects=True, transport=transport
+            )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._fast.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _post(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self._client is None:
+            answer = await self._fast.post(url, payload, headers, follow_redirects=True)
+            return answer.status, answer.body
+        try:
+            response = await self._client.post(url, content=payload, headers=headers)
+        except httpx.TimeoutException:
+            raise _http.HttpError("timed out") from None
+        except httpx.HTTPError as exc:
+            raise _http.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
+        return response.status_code, response.content
 
     async def invoke(self, url: str, secrets: list[str], body: dict[str, Any]) -> CallResult:
         """POST a signed invocation; parse an :class:`InvokeResponse`."""
@@ -66,28 +82,27 @@ class AppCaller:
         }
         started = time.perf_counter()
         try:
-            response = await self._client.post(url, content=payload, headers=headers)
-        except httpx.TimeoutException:
-            return CallResult(False, None, _ms(started), reason="the app did not answer in time")
-        except httpx.HTTPError as exc:
-            reason = f"could not reach the app ({type(exc).__name__}: {exc or 'no detail'})"
+            status, content = await self._post(url, payload, headers)
+        except _http.HttpError as exc:
+            if str(exc) == "timed out":
+                reason = "the app did not answer in time"
+            else:
+                reason = f"could not reach the app ({exc})"
             return CallResult(False, None, _ms(started), reason=reason)
         took = _ms(started)
-        if response.status_code >= 300:
-            detail = response.text[:200].strip()
-            reason = f"the app answered HTTP {response.status_code}" + (
-                f": {detail}" if detail else ""
-            )
-            return CallResult(False, response.status_code, took, reason=reason)
+        if status >= 300:
+            detail = content[:200].decode("utf-8", "replace").strip()
+            reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
+            return CallResult(False, status, took, reason=reason)
         try:
-            parsed = model.model_validate(orjson.loads(response.content))
+            parsed = model.model_validate(orjson.loads(content))
         except (orjson.JSONDecodeError, ValidationError) as exc:
             reason = (
-                f"the app answered HTTP {response.status_code} with a body that is not a "
+                f"the app answered HTTP {status} with a body that is not a "
                 f"valid {model.__name__}: {str(exc)[:200]}"
             )
-            return CallResult(False, response.status_code, took, reason=reason)
-        return CallResult(True, response.status_code, took, parsed)
+            return CallResult(False, status, took, reason=reason)
+        return CallResult(True, status, took, parsed)
 
 
 def _ms(started: float) -> int:

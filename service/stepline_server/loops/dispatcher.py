@@ -115,7 +115,6 @@ class Dispatcher:
         run_id: uuid.UUID = claim["id"]
         token: str = claim["lease_token"]
         invocation_id: uuid.UUID = claim["invocation_id"]
-        lease = self.settings.lease_seconds
         if claim["past_deadline"]:
             async with self.pool.acquire() as conn, conn.transaction():
                 error = {
@@ -169,9 +168,7 @@ class Dispatcher:
                 claim, result.reason, result.http_status, result.duration_ms, None
             )
         async with self.pool.acquire() as conn:
-            ok = await dispatch.finish_invocation(
-                conn, run_id, token, invocation_id, plan, outcome, lease
-            )
+            ok = await dispatch.finish_invocation(conn, run_id, token, invocation_id, plan, outcome)
         log.info(
             "invocation_ended",
             outcome=outcome.status,

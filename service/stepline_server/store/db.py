@@ -49,10 +49,21 @@ async def init_connection(conn: Conn) -> None:
         )
 
 
+async def _keep_session(conn: Conn) -> None:
+    """Nothing to reset: the store sets no session state, LISTEN has its own connection and
+    advisory locks are transaction-scoped. asyncpg's default reset costs a round trip on every
+    release (about a seventh of the orchestrator's time per step)."""
+
+
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Pool:
     """A pool whose connections speak JSON; statements are prepared and cached per connection."""
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=init_connection, command_timeout=60
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=init_connection,
+        reset=_keep_session,
+        command_timeout=60,
     )
     assert pool is not None
     return pool

@@ -74,13 +74,12 @@ async def apply_plan(
     token: str,
     invocation_id: uuid.UUID,
     plan: Plan,
-    lease_seconds: float,
 ) -> Applied | None:
     """Commit a batch of step changes for the lease holder; None when the token is stale."""
     if plan.needs_transaction:
         async with conn.transaction():
-            return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
-    return await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
+            return await _apply(conn, run_id, token, invocation_id, plan)
+    return await _apply(conn, run_id, token, invocation_id, plan)
 
 
 async def _apply(
@@ -89,7 +88,6 @@ async def _apply(
     token: str,
     invocation_id: uuid.UUID,
     plan: Plan,
-    lease_seconds: float,
 ) -> Applied | None:
     since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
     row = await conn.fetchrow(
@@ -98,7 +96,6 @@ async def _apply(
         token,
         [c.row() for c in plan.changes],
         len(plan.events),
-        lease_seconds,
         invocation_id,
         plan.events,
     )
@@ -251,14 +248,13 @@ async def finish_invocation(
     invocation_id: uuid.UUID,
     plan: Plan | None,
     outcome: Outcome,
-    lease_seconds: float,
 ) -> bool:
     """Commit the invocation's last updates and its outcome; False when the lease was lost."""
     async with conn.transaction():
         applied = (
             plan is None
             or not plan.events
-            or await _apply(conn, run_id, token, invocation_id, plan, lease_seconds)
+            or await _apply(conn, run_id, token, invocation_id, plan)
         )
         if applied is None:
             return False

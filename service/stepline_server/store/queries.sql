@@ -174,12 +174,12 @@ WHERE id = ANY($1::uuid[]) AND status = 'pending';
 SELECT a.url, a.signing_secrets FROM apps a WHERE a.id = $1;
 
 -- name: progress
--- Applies a batch of step changes for the invocation holding the run's lease ($2), extends the
--- lease, and appends the history, in one statement. No row comes back when the token is stale.
+-- Applies a batch of step changes for the invocation holding the run's lease ($2) and appends
+-- the history, in one statement. No row comes back when the token is stale. It leaves ready_at
+-- (indexed) alone so the run's row is updated in place; the heartbeat extends the lease.
 WITH r AS (
     UPDATE runs
     SET next_seq = next_seq + $4,
-        ready_at = now() + make_interval(secs => $5::double precision),
         progress_at = now()
     WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
     RETURNING id, project_id, next_seq - $4 AS base, cancel_requested
@@ -214,8 +214,8 @@ s AS (
 ),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
-    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, $6, x.data
-    FROM r, ROWS FROM (jsonb_to_recordset($7::jsonb) AS (
+    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, $5, x.data
+    FROM r, ROWS FROM (jsonb_to_recordset($6::jsonb) AS (
         type text, step_name text, data jsonb)) WITH ORDINALITY AS x(type, step_name, data, ord)
 )
 SELECT r.cancel_requested, r.project_id FROM r;

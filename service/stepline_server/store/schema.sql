@@ -88,7 +88,8 @@ CREATE TABLE runs (
     progress_at timestamptz,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
-);
+) WITH (fillfactor = 80);
+COMMENT ON TABLE runs IS 'Room is left in each page (fillfactor) so the frequent updates of unindexed columns stay in place.';
 COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the run: due work, a timer, a timeout, or the end of the current lease. NULL: nothing to do until something wakes it.';
 COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
 COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';

@@ -1,0 +1,68 @@
+"""The benchmark at a tiny size, so it never rots: every workload runs and every run completes.
+
+It runs ``python -m bench`` as a user does (``stepline serve``, the bench app under uvicorn,
+the load generator over the REST API) against the test's own database. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = {
+    "steps",
+    "steps-1",
+    "fanout",
+    "sleep",
+    "callback",
+    "long-10",
+    "long-20",
+    "idle",
+}
+
+
+@pytest.mark.slow
+def test_every_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--quick",
+        "--runs=5",
+        "--steps=3",
+        "--latency-repeats=2",
+        "--fanout=5",
+        "--sleep-ms=200",
+        "--long=10,20",
+        "--idle-runs=20",
+        "--idle-window=2",
+        "--timeout=60",
+        "--log-level=warning",
+        f"--database-url={database_url}",
+        f"--json={out}",
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    for name in EXPECTED:
+        assert f"\n{name} " in done.stdout, done.stdout
+
+    rows = {row["workload"]: row for row in json.loads(out.read_text())["workloads"]}
+    assert set(rows) == EXPECTED
+    for name, row in rows.items():
+        assert row["runs_attempted"] > 0, name
+        assert row["runs_completed"] == row["runs_attempted"], row
+        assert set(row["processes"]) >= {"orchestrator", "app", "loadgen"}, row
+    assert rows["steps"]["runs_completed"] == 5
+    assert rows["steps"]["steps"] == 5 * 3
+    assert rows["fanout"]["steps"] == 5
+    assert rows["sleep"]["extra"]["lateness_ms"]["p50"] is not None
+    assert rows["callback"]["extra"]["completion_to_ended_ms"]["p50"] is not None
+    assert rows["long-20"]["extra"]["bytes_to_app"] > rows["long-10"]["extra"]["bytes_to_app"]
+    assert rows["idle"]["extra"]["sleeping_runs"] == 20
+    assert "orchestrator" in rows["idle"]["extra"]["cpu_s_per_min"]
