@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
+from stepline import _http
 from stepline._durations import Duration, parse_duration
 from stepline._errors import SteplineError
 
@@ -412,7 +413,8 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
     ) -> None:
         super().__init__(api_key, timeout)
         self._http = httpx.AsyncClient(
-            **_http_options(base_url, timeout, headers), transport=transport
+            **_http_options(base_url, timeout, headers),
+            transport=transport or _http.AsyncTransport(timeout),
         )
 
     async def _json(self, req: _Request) -> JSON:
