@@ -21,8 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 import stepline
 from bench import procs, workloads
 from bench.procs import ROOT, Monitor, Service
@@ -150,15 +148,9 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
         orch.start()
         await orch.wait_ready("/readyz")
         key = await asyncio.to_thread(procs.create_key, orch_env, log_dir)
-        limits = httpx.Limits(max_connections=workloads.START_CONCURRENCY + 4)
-        wait_limits = httpx.Limits(max_connections=workloads.WAIT_LANES + 4)
         async with (
-            stepline.AsyncClient(
-                orch.url, api_key=key, transport=httpx.AsyncHTTPTransport(limits=limits)
-            ) as api,
-            stepline.AsyncClient(
-                orch.url, api_key=key, transport=httpx.AsyncHTTPTransport(limits=wait_limits)
-            ) as waiter,
+            stepline.AsyncClient(orch.url, api_key=key) as api,
+            stepline.AsyncClient(orch.url, api_key=key) as waiter,
         ):
             app_base = f"http://127.0.0.1:{app_port}"
             # A name of its own, so a database given with --database-url can be used again.

@@ -20,6 +20,7 @@ import httpx
 
 import stepline
 from bench.procs import Monitor, Usage
+from stepline import _http
 
 JSON = dict[str, Any]
 START_CONCURRENCY = 8
@@ -115,7 +116,7 @@ class Bench:
         self.app_base = app_base
         self.monitor = monitor
         self.timeout = timeout
-        self.http = httpx.AsyncClient(timeout=10.0)
+        self.http = httpx.AsyncClient(timeout=10.0, transport=_http.AsyncTransport())
         self.errors: list[str] = []
 
     async def aclose(self) -> None:

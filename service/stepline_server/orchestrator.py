@@ -14,6 +14,7 @@ from stepline_server.engine import schedules as schedule_rules
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener, sweeper
+from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
@@ -43,6 +44,7 @@ class Orchestrator:
         self.signer: CallbackSigner
         self.caller: AppCaller
         self.dispatcher: Dispatcher
+        self.batcher: ProgressBatcher
         self.scheduler: Scheduler
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
@@ -57,6 +59,7 @@ class Orchestrator:
             await conn.close()
         self.pool = await db.create_pool(self.dsn, min_size=2, max_size=20)
         self.signer = CallbackSigner(secrets)
+        self.batcher = ProgressBatcher(self.pool)
         self.caller = AppCaller(
             self.settings.invoke_timeout_seconds,
             max_connections=self.settings.max_inflight,

@@ -29,15 +29,18 @@ async def progress(request: Request) -> Response:
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     o = orch(request)
-    async with o.pool.acquire() as conn:
-        applied = await dispatch.apply_plan(conn, run_id, token.strip(), invocation_id, plan)
+    if plan.needs_transaction:
+        async with o.pool.acquire() as conn:
+            applied = await dispatch.apply_plan(conn, run_id, token.strip(), invocation_id, plan)
+        cancel = applied.cancel_requested if applied else False
+    else:
+        row = await o.batcher.apply(dispatch.Progress(run_id, token.strip(), invocation_id, plan))
+        applied, cancel = row, bool(row and row["cancel_requested"])
     if applied is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url
     callbacks = {
         name: {"id": cid, "url": o.signer.url(base, cid)} for cid, name, _ in plan.callbacks
     }
-    answer = ProgressResponse.model_validate(
-        {"cancelRequested": applied.cancel_requested, "callbacks": callbacks}
-    )
+    answer = ProgressResponse.model_validate({"cancelRequested": cancel, "callbacks": callbacks})
     return json_response(dump(answer))

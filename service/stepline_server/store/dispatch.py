@@ -82,23 +82,49 @@ async def apply_plan(
     return await _apply(conn, run_id, token, invocation_id, plan)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """One invocation's step changes, to commit alongside other runs' (a group commit)."""
+
+    run_id: uuid.UUID
+    token: str
+    invocation_id: uuid.UUID
+    plan: Plan
+    extra_events: tuple[dict[str, Any], ...] = ()
+
+
+async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
+    """Commit several runs' progress in one statement; a run missing from the answer had a
+    stale token (nothing of it was written). Each run may appear once."""
+    requests, changes, events = [], [], []
+    for item in items:
+        run = str(item.run_id)
+        run_events = [*item.plan.events, *item.extra_events]
+        requests.append(
+            {
+                "run_id": run,
+                "token": item.token,
+                "invocation_id": str(item.invocation_id),
+                "n_events": len(run_events),
+            }
+        )
+        changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
+        events += [e | {"run_id": run, "ord": n} for n, e in enumerate(run_events, 1)]
+    rows = await conn.fetch(Q["progress"], requests, changes, events)
+    return {row["id"]: row for row in rows}
+
+
 async def _apply(
     conn: Conn,
     run_id: uuid.UUID,
     token: str,
     invocation_id: uuid.UUID,
     plan: Plan,
+    extra_events: tuple[dict[str, Any], ...] = (),
 ) -> Applied | None:
     since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
-    row = await conn.fetchrow(
-        Q["progress"],
-        run_id,
-        token,
-        [c.row() for c in plan.changes],
-        len(plan.events),
-        invocation_id,
-        plan.events,
-    )
+    done = await apply_batch(conn, [Progress(run_id, token, invocation_id, plan, extra_events)])
+    row = done.get(run_id)
     if row is None:
         return None
     project_id = row["project_id"]
@@ -250,24 +276,17 @@ async def finish_invocation(
     outcome: Outcome,
 ) -> bool:
     """Commit the invocation's last updates and its outcome; False when the lease was lost."""
+    ended: dict[str, Any] = {
+        "type": "invocation.ended",
+        "deployment_id": outcome.deployment_id,
+        "http_status": outcome.http_status,
+        "duration_ms": outcome.duration_ms,
+        "data": {"outcome": outcome.status} | ({"error": outcome.reason} if outcome.reason else {}),
+    }
     async with conn.transaction():
-        applied = (
-            plan is None
-            or not plan.events
-            or await _apply(conn, run_id, token, invocation_id, plan)
-        )
+        applied = await _apply(conn, run_id, token, invocation_id, plan or Plan(), (ended,))
         if applied is None:
             return False
-        ended: dict[str, Any] = {
-            "type": "invocation.ended",
-            "invocation_id": str(invocation_id),
-            "deployment_id": outcome.deployment_id,
-            "http_status": outcome.http_status,
-            "duration_ms": outcome.duration_ms,
-            "data": {"outcome": outcome.status}
-            | ({"error": outcome.reason} if outcome.reason else {}),
-        }
-        await runs.append_events(conn, run_id, [ended])
         if outcome.status in ("completed", "failed", "cancelled"):
             status = rules.RunStatus(outcome.status)
             return await end_run(conn, run_id, token, status, outcome.output, outcome.error)

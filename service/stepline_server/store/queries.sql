@@ -174,15 +174,24 @@ WHERE id = ANY($1::uuid[]) AND status = 'pending';
 SELECT a.url, a.signing_secrets FROM apps a WHERE a.id = $1;
 
 -- name: progress
--- Applies a batch of step changes for the invocation holding the run's lease ($2) and appends
--- the history, in one statement. No row comes back when the token is stale. It leaves ready_at
--- (indexed) alone so the run's row is updated in place; the heartbeat extends the lease.
-WITH r AS (
+-- Applies step changes for several runs at once (a group commit), each for the invocation
+-- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
+-- invocation_id, n_events}], $2: changes and $3: events, each with run_id and ord (1-based, per
+-- run). A run whose token is stale comes back with no row. ready_at (indexed) is left alone so
+-- the run's row is updated in place; the heartbeat extends the lease.
+WITH q AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb)
+        AS q(run_id uuid, token text, invocation_id uuid, n_events integer)
+),
+r AS (
     UPDATE runs
-    SET next_seq = next_seq + $4,
+    SET next_seq = runs.next_seq + q.n_events,
         progress_at = now()
-    WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
-    RETURNING id, project_id, next_seq - $4 AS base, cancel_requested
+    FROM q
+    WHERE runs.id = q.run_id AND runs.lease_token = q.token
+      AND runs.status IN ('running', 'cancelling')
+    RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
+              runs.cancel_requested, q.invocation_id
 ),
 s AS (
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
@@ -196,12 +205,11 @@ s AS (
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
            x.callback_id, x.child_run_id, x.event_name, x.match
-    FROM r, ROWS FROM (jsonb_to_recordset($3::jsonb) AS (
-        name text, kind step_kind, status step_status, attempt integer, output jsonb,
-        error jsonb, ended boolean, delay_ms bigint, timeout_ms bigint, callback_id uuid,
-        child_run_id uuid, event_name text, match jsonb)) WITH ORDINALITY AS x(
-        name, kind, status, attempt, output, error, ended, delay_ms, timeout_ms, callback_id,
-        child_run_id, event_name, match, ord)
+    FROM jsonb_to_recordset($2::jsonb) AS x(
+        run_id uuid, ord integer, name text, kind step_kind, status step_status,
+        attempt integer, output jsonb, error jsonb, ended boolean, delay_ms bigint,
+        timeout_ms bigint, callback_id uuid, child_run_id uuid, event_name text, match jsonb)
+    JOIN r ON r.id = x.run_id
     ON CONFLICT (run_id, name) DO UPDATE SET
         status = excluded.status, attempt = excluded.attempt, output = excluded.output,
         error = excluded.error, ended_at = excluded.ended_at, wake_at = excluded.wake_at,
@@ -213,12 +221,16 @@ s AS (
     WHERE t.status NOT IN ('completed', 'failed', 'cancelled')
 ),
 e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
-    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, $5, x.data
-    FROM r, ROWS FROM (jsonb_to_recordset($6::jsonb) AS (
-        type text, step_name text, data jsonb)) WITH ORDINALITY AS x(type, step_name, data, ord)
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id,
+                            deployment_id, http_status, duration_ms, data)
+    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, r.invocation_id,
+           x.deployment_id, x.http_status, x.duration_ms, x.data
+    FROM jsonb_to_recordset($3::jsonb) AS x(
+        run_id uuid, ord integer, type text, step_name text, deployment_id text,
+        http_status integer, duration_ms integer, data jsonb)
+    JOIN r ON r.id = x.run_id
 )
-SELECT r.cancel_requested, r.project_id FROM r;
+SELECT r.id, r.cancel_requested, r.project_id FROM r;
 
 -- name: insert_callbacks
 -- A callback's id is derived from its run and step: an ended one comes back only when a retry

@@ -1,0 +1,94 @@
+"""Group commit: progress calls of different runs that arrive together share one statement.
+
+Each step costs a progress call, and committing each alone caps throughput at the database's
+commits per second. Calls queue here; a flush takes what has queued (one call per run, at most
+``max_batch``) and commits it with one statement, while up to ``max_flushes`` flushes run at
+once. A lone call is flushed at once, so a quiet orchestrator adds no delay; under load the
+batches grow by themselves. A reply is sent only after its batch has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import structlog
+
+from stepline_server.store import dispatch
+from stepline_server.store.db import Pool, Record
+
+log = structlog.get_logger("stepline.batcher")
+
+Entry = tuple[dispatch.Progress, "asyncio.Future[Record | None]"]
+
+
+class ProgressBatcher:
+    """Commits progress calls in groups; ``apply`` answers the run's row, None when stale."""
+
+    def __init__(self, pool: Pool, *, max_batch: int = 64, max_flushes: int = 2) -> None:
+        self.pool = pool
+        self.max_batch = max_batch
+        self.max_flushes = max_flushes
+        self._queue: list[Entry] = []
+        self._flushing = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def apply(self, item: dispatch.Progress) -> Record | None:
+        future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        while self._queue and self._flushing < self.max_flushes:
+            batch = self._take()
+            self._flushing += 1
+            task = asyncio.create_task(self._flush(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self) -> list[Entry]:
+        batch: list[Entry] = []
+        rest: list[Entry] = []
+        runs: set[uuid.UUID] = set()
+        for entry in self._queue:
+            run_id = entry[0].run_id
+            if len(batch) < self.max_batch and run_id not in runs:
+                batch.append(entry)
+                runs.add(run_id)
+            else:
+                rest.append(entry)
+        self._queue = rest
+        return batch
+
+    async def _flush(self, batch: list[Entry]) -> None:
+        try:
+            try:
+                async with self.pool.acquire() as conn:
+                    rows = await dispatch.apply_batch(conn, [item for item, _ in batch])
+                for item, future in batch:
+                    if not future.done():
+                        future.set_result(rows.get(item.run_id))
+            except Exception:
+                if len(batch) == 1:
+                    raise
+                # One bad call must not fail the others: commit them one by one.
+                log.warning("progress_batch_failed", size=len(batch))
+                for entry in batch:
+                    await self._flush_one(entry)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._flushing -= 1
+            self._kick()
+
+    async def _flush_one(self, entry: Entry) -> None:
+        item, future = entry
+        try:
+            async with self.pool.acquire() as conn:
+                rows = await dispatch.apply_batch(conn, [item])
+            future.set_result(rows.get(item.run_id))
+        except Exception as exc:
+            future.set_exception(exc)
