@@ -1,0 +1,82 @@
+"""Group commit of progress: several runs in one statement, stale ones refused alone."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from stepline.protocol import Action, StepKind, StepUpdate
+from stepline_server.engine.steps import plan_updates
+from stepline_server.loops.batcher import ProgressBatcher
+from stepline_server.store import apps, db, dispatch, keys, runs
+
+
+async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid.UUID]]:
+    app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
+    await apps.record_sync(conn, app, [("wf", {})], None)
+    for _ in range(n):
+        new = runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, app["id"], "wf", None, {})
+        await runs.insert(conn, new)
+    claimed = await dispatch.claim(conn, "test", 60, n)
+    return [(r["id"], r["lease_token"], r["invocation_id"]) for r in claimed]
+
+
+async def test_one_statement_commits_several_runs_and_refuses_a_stale_one(
+    database_url: str,
+) -> None:
+    """Three runs' progress in one batch: the two with live leases are written in order, the
+    one with a stale token writes nothing and is reported stale."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        leased = await _leased_runs(conn, 3)
+        items = []
+        for n, (run_id, token, inv) in enumerate(leased):
+            updates = [StepUpdate(name="a", kind="run", action="start")]
+            plan = plan_updates(str(run_id), updates)
+            items.append(dispatch.Progress(run_id, token if n else "stale", inv, plan))
+        rows = await dispatch.apply_batch(conn, items)
+        assert set(rows) == {leased[1][0], leased[2][0]}
+        for n, (run_id, _, _) in enumerate(leased):
+            steps = await runs.steps(conn, run_id)
+            assert [(s["name"], s["status"]) for s in steps] == (
+                [] if n == 0 else [("a", "running")]
+            )
+            events = [
+                e["type"] for e in await runs.events(conn, keys.DEFAULT_PROJECT, run_id, 0, 50)
+            ]
+            assert events == ["run.started", "step.started"] if n else ["run.started"]
+    finally:
+        await conn.close()
+
+
+async def test_batcher_isolates_a_bad_call(database_url: str) -> None:
+    """Calls flushed together still succeed when one of them breaks a constraint."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    pool = await db.create_pool(database_url, min_size=1, max_size=4)
+    try:
+        leased = await _leased_runs(conn, 4)
+        batcher = ProgressBatcher(pool, max_flushes=1)
+        calls = []
+        for n, (run_id, token, inv) in enumerate(leased):
+            name = "x" * 300 if n == 2 else "ok"  # over the 256-character step name limit
+            update = StepUpdate.model_construct(
+                name=name, kind=StepKind.RUN, action=Action.START, attempt=1
+            )
+            plan = plan_updates(str(run_id), [update])
+            calls.append(batcher.apply(dispatch.Progress(run_id, token, inv, plan)))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert [isinstance(r, Exception) for r in results] == [False, False, True, False]
+        assert all(r is not None for n, r in enumerate(results) if n != 2)
+    finally:
+        await pool.close()
+        await conn.close()
+
+
+async def keys_bootstrap(database_url: str) -> None:
+    conn = await db.connect(database_url)
+    try:
+        await keys.bootstrap(conn)
+    finally:
+        await conn.close()
