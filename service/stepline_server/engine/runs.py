@@ -118,9 +118,3 @@ def child_outcome(
             "childStatus": status,
         },
     )
-
-
-def end_events(status: RunStatus, error: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The history event that ends a run."""
-    data = {"error": error} if error else None
-    return [{"type": END_EVENT[status], "data": data}]

@@ -17,7 +17,7 @@ from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.settings import Settings
 from stepline_server.store import dispatch
-from stepline_server.store.db import Pool, Q, Record
+from stepline_server.store.db import Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
 
@@ -128,8 +128,7 @@ class Dispatcher:
         attempt = claim["invoke_attempts"] + 1
         async with self.pool.acquire() as conn:
             steps = await dispatch.begin_invocation(conn, run_id, invocation_id, attempt)
-            app = await conn.fetchrow(Q["app_of_run"], claim["app_id"])
-        if app is None:
+        if claim["app_url"] is None:
             return
         request = InvokeRequest(
             runId=str(run_id),
@@ -142,7 +141,9 @@ class Dispatcher:
             cancelRequested=claim["cancel_requested"],
             steps=[_record(s, self.settings.base_url, self.signer) for s in steps],
         )
-        result = await self.caller.invoke(app["url"], list(app["signing_secrets"]), dump(request))
+        result = await self.caller.invoke(
+            claim["app_url"], list(claim["app_secrets"]), dump(request)
+        )
         plan: Plan | None = None
         outcome: dispatch.Outcome
         if result.ok:

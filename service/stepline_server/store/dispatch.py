@@ -34,30 +34,8 @@ async def begin_invocation(
     conn: Conn, run_id: uuid.UUID, invocation_id: uuid.UUID, attempt: int
 ) -> list[Record]:
     """Settle timers and timeouts that have come due, record the start, return the steps."""
-    async with conn.transaction():
-        resolved = await conn.fetch(Q["resolve_due_waits"], run_id)
-        timed_out = [r["callback_id"] for r in resolved if r["kind"] == "callback"]
-        if timed_out:
-            await conn.execute(Q["time_out_callbacks"], timed_out)
-        events: list[dict[str, Any]] = [
-            {
-                "type": "step.failed" if r["kind"] == "callback" else "step.completed",
-                "step_name": r["name"],
-                "data": {"kind": r["kind"], "timedOut": True}
-                if r["kind"] != "sleep"
-                else {"kind": "sleep"},
-            }
-            for r in resolved
-        ]
-        events.append(
-            {
-                "type": "invocation.started",
-                "invocation_id": str(invocation_id),
-                "data": {"attempt": attempt},
-            }
-        )
-        await runs.append_events(conn, run_id, events)
-        return await runs.steps(conn, run_id)
+    await conn.execute(Q["begin_invocation"], run_id, invocation_id, attempt)
+    return await runs.steps(conn, run_id)
 
 
 @dataclass(frozen=True)
@@ -307,21 +285,15 @@ async def end_run(
     error: dict[str, Any] | None,
 ) -> bool:
     """End a run: close its open steps, cancel its children, tell its parent. In a transaction."""
-    row = await conn.fetchrow(Q["end_run"], run_id, token, status.value, output, error)
+    end = {"error": error} if error else None
+    row = await conn.fetchrow(
+        Q["end_run"], run_id, token, status.value, output, error, rules.END_EVENT[status], end
+    )
     if row is None:
         return False
-    closed = await conn.fetch(Q["cancel_open_steps"], run_id)
-    events: list[dict[str, Any]] = [
-        {"type": "step.cancelled", "step_name": r["name"], "data": {"kind": r["kind"]}}
-        for r in closed
-    ]
-    callbacks = [r["callback_id"] for r in closed if r["callback_id"] is not None]
-    if callbacks:
-        await conn.execute(Q["cancel_callbacks"], callbacks)
-    await runs.append_events(conn, run_id, events + rules.end_events(status, error))
-    await conn.execute(Q["notify_ended"], str(run_id))
-    for child in await conn.fetch(Q["children_of"], run_id):
-        await cancel_tree(conn, child["id"])
+    if row["has_children"]:
+        for child in await conn.fetch(Q["children_of"], run_id):
+            await cancel_tree(conn, child["id"])
     if row["parent_run_id"] is not None:
         child = await conn.fetchrow(Q["get_run"], row["project_id"], run_id)
         assert child is not None

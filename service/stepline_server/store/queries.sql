@@ -142,7 +142,9 @@ FROM due
 WHERE r.id = due.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, r.deadline_at <= now() AS past_deadline, r.lease_token,
-          r.invocation_id, r.invoke_attempts, r.wake_seq;
+          r.invocation_id, r.invoke_attempts, r.wake_seq,
+          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
 -- name: next_due_in
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
@@ -153,25 +155,43 @@ UPDATE runs r SET ready_at = now() + make_interval(secs => $3::double precision)
 FROM unnest($1::uuid[], $2::text[]) AS h(id, token)
 WHERE r.id = h.id AND r.lease_token = h.token;
 
--- name: resolve_due_waits
--- Sleeps whose time has come complete; event waits past their timeout complete with null;
--- callbacks past their timeout fail as timed out.
-UPDATE steps SET
-    status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
-    error = CASE WHEN kind = 'callback'
-        THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
-    ended_at = now()
-WHERE run_id = $1
-  AND ((status = 'sleeping' AND wake_at <= now())
-       OR (status = 'waiting' AND kind IN ('event', 'callback') AND timeout_at <= now()))
-RETURNING name, kind, callback_id;
-
--- name: time_out_callbacks
-UPDATE callbacks SET status = 'timedOut', completed_at = now()
-WHERE id = ANY($1::uuid[]) AND status = 'pending';
-
--- name: app_of_run
-SELECT a.url, a.signing_secrets FROM apps a WHERE a.id = $1;
+-- name: begin_invocation
+-- Settles what came due (sleeps complete; event waits past their timeout complete with null;
+-- callbacks past theirs fail as timed out) and records invocation $2 (attempt $3) starting.
+WITH resolved AS (
+    UPDATE steps SET
+        status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
+        error = CASE WHEN kind = 'callback'
+            THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
+        ended_at = now()
+    WHERE run_id = $1
+      AND ((status = 'sleeping' AND wake_at <= now())
+           OR (status = 'waiting' AND kind IN ('event', 'callback') AND timeout_at <= now()))
+    RETURNING name, kind, callback_id
+),
+timed_out AS (
+    UPDATE callbacks c SET status = 'timedOut', completed_at = now()
+    FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
+),
+evs AS (
+    SELECT row_number() OVER (ORDER BY k, name) AS ord, type, name, data FROM (
+        SELECT 0 AS k, CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END
+                   AS type, name,
+               CASE WHEN kind = 'sleep' THEN jsonb_build_object('kind', kind)
+                    ELSE jsonb_build_object('kind', kind, 'timedOut', true) END AS data
+        FROM resolved
+        UNION ALL
+        SELECT 1, 'invocation.started', NULL, jsonb_build_object('attempt', $3::integer)
+    ) x
+),
+r AS (
+    UPDATE runs SET next_seq = next_seq + (SELECT count(*) FROM evs) WHERE id = $1
+    RETURNING project_id, next_seq - (SELECT count(*) FROM evs) AS base
+)
+INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
+SELECT $1, r.base + evs.ord - 1, r.project_id, evs.type, evs.name,
+       CASE WHEN evs.type = 'invocation.started' THEN $2::uuid END, evs.data
+FROM r, evs;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
@@ -281,17 +301,53 @@ WHERE id = $1 AND lease_token = $2
 RETURNING invoke_attempts;
 
 -- name: end_run
--- Ends a run ($3 status) when $2 is its lease token, or when $2 is null (cancel, time limit).
-UPDATE runs SET
-    status = $3, output = $4, error = $5, ended_at = now(), ready_at = NULL,
-    lease_token = NULL, lease_owner = NULL, version = version + 1
-WHERE id = $1 AND ($2::text IS NULL OR lease_token = $2) AND status IN ('running', 'cancelling')
-RETURNING id, project_id, parent_run_id, parent_step, schedule_id, status;
-
--- name: cancel_open_steps
-UPDATE steps SET status = 'cancelled', ended_at = now()
-WHERE run_id = $1 AND status IN ('running', 'retrying', 'sleeping', 'waiting')
-RETURNING name, kind, child_run_id, callback_id;
+-- Ends a run ($3 status, $4 output, $5 error) when $2 is its lease token, or when $2 is null
+-- (cancel, time limit): its open steps are cancelled, the history gets their events and the end
+-- event ($6, data $7), and listeners hear of it. Returns what the caller must still settle.
+WITH ok AS (
+    SELECT id FROM runs
+    WHERE id = $1 AND ($2::text IS NULL OR lease_token = $2)
+      AND status IN ('running', 'cancelling')
+    FOR UPDATE
+),
+closed AS (
+    UPDATE steps s SET status = 'cancelled', ended_at = now()
+    FROM ok
+    WHERE s.run_id = ok.id AND s.status IN ('running', 'retrying', 'sleeping', 'waiting')
+    RETURNING s.name, s.kind, s.callback_id
+),
+cancelled_callbacks AS (
+    UPDATE callbacks c SET status = 'cancelled', completed_at = now()
+    FROM closed WHERE c.id = closed.callback_id AND c.status = 'pending'
+),
+evs AS (
+    SELECT row_number() OVER (ORDER BY k, name) AS ord, type, name, data FROM (
+        SELECT 0 AS k, 'step.cancelled' AS type, name, jsonb_build_object('kind', kind) AS data
+        FROM closed
+        UNION ALL
+        SELECT 1, $6::text, NULL, $7::jsonb
+    ) x
+),
+r AS (
+    UPDATE runs SET
+        status = $3, output = $4, error = $5, ended_at = now(), ready_at = NULL,
+        lease_token = NULL, lease_owner = NULL, version = version + 1,
+        next_seq = next_seq + (SELECT count(*) FROM evs)
+    FROM ok WHERE runs.id = ok.id
+    RETURNING runs.id, runs.project_id, runs.parent_run_id, runs.parent_step,
+              runs.schedule_id, runs.status, runs.next_seq - (SELECT count(*) FROM evs) AS base
+),
+history AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
+    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.data
+    FROM r, evs
+)
+SELECT r.id, r.project_id, r.parent_run_id, r.parent_step, r.schedule_id, r.status,
+       EXISTS (SELECT 1 FROM runs c
+               WHERE c.parent_run_id = r.id AND c.status IN ('running', 'cancelling'))
+           AS has_children,
+       pg_notify('stepline_ended', r.id::text)
+FROM r;
 
 -- name: cancel_waits
 -- On a cancel request: what waits (sleeps, callbacks, events, children) is cancelled.
@@ -390,9 +446,6 @@ SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelli
 
 -- name: notify_wake
 SELECT pg_notify('stepline_wake', '');
-
--- name: notify_ended
-SELECT pg_notify('stepline_ended', $1::text);
 
 -- name: ping
 SELECT 1;
