@@ -21,7 +21,7 @@ class Settings:
     # The run loop.
     lease_seconds: float = 20.0
     invoke_timeout_seconds: float = 300.0
-    max_inflight: int = 64
+    max_inflight: int = 48
     poll_seconds: float = 2.0
     default_invoke_attempts: int = 5
     # Schedules.

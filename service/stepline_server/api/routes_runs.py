@@ -86,7 +86,7 @@ async def start_run(request: Request) -> Response:
                 )
         assert row is not None
         o.dispatcher.wake()
-        return json_response(await run_json(conn, row), 201)
+        return json_response(serialize.run(row, wf["app_slug"], []), 201)
 
 
 async def get_run(request: Request) -> Response:

@@ -58,16 +58,26 @@ ORDER BY w.name
 LIMIT $3;
 
 -- name: get_workflow
-SELECT w.*, a.url AS app_url FROM workflows w JOIN apps a ON a.id = w.app_id
+SELECT w.*, a.url AS app_url, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND w.name = $2;
 
 -- name: insert_run
-INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id, parent_step,
-                  schedule_id, scheduled_at, trigger, options, deadline_at, ready_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-        now() + make_interval(secs => $13::double precision / 1000), now())
-ON CONFLICT DO NOTHING
-RETURNING *;
+-- Creates a run due now with its run.started event (data $14) and wakes the dispatchers; no
+-- row when the id or the run key exists.
+WITH r AS (
+    INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
+                      parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
+                      ready_at, next_seq)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+            now() + make_interval(secs => $13::double precision / 1000), now(), 2)
+    ON CONFLICT DO NOTHING
+    RETURNING *
+),
+e AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, data)
+    SELECT id, 1, project_id, 'run.started', $14::jsonb FROM r
+)
+SELECT r.*, pg_notify('stepline_wake', '') FROM r;
 
 -- name: get_run_by_key
 SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id

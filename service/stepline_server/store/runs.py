@@ -30,29 +30,23 @@ class NewRun:
 
 async def insert(conn: Conn, run: NewRun) -> Record | None:
     """Create the run with its ``run.started`` event; None when its id or run key exists."""
-    async with conn.transaction():
-        row = await conn.fetchrow(
-            Q["insert_run"],
-            run.id,
-            run.project_id,
-            run.app_id,
-            run.workflow,
-            run.input,
-            run.run_key,
-            run.parent_run_id,
-            run.parent_step,
-            run.schedule_id,
-            run.scheduled_at,
-            run.trigger,
-            run.options,
-            run.options.get("timeoutMs"),
-        )
-        if row is None:
-            return None
-        data = {"trigger": run.trigger}
-        await append_events(conn, run.id, [{"type": "run.started", "data": data}])
-        await conn.execute(Q["notify_wake"])
-    return row
+    return await conn.fetchrow(
+        Q["insert_run"],
+        run.id,
+        run.project_id,
+        run.app_id,
+        run.workflow,
+        run.input,
+        run.run_key,
+        run.parent_run_id,
+        run.parent_step,
+        run.schedule_id,
+        run.scheduled_at,
+        run.trigger,
+        run.options,
+        run.options.get("timeoutMs"),
+        {"trigger": run.trigger},
+    )
 
 
 async def append_events(conn: Conn, run_id: uuid.UUID, events: list[dict[str, Any]]) -> None:
