@@ -53,6 +53,7 @@ class Invocation:
         self.sender = sender
         self.ctx = Context(request, definition)
         self.buffer: list[StepUpdate] = []
+        self.progress_calls = 0
         self.running: set[asyncio.Task[None]] = set()
         self.task: asyncio.Future[Any] | None = None
 
@@ -127,7 +128,8 @@ class Invocation:
             return
         updates = [*self.buffer, *(op.update for op in fresh)]
         self.buffer = []  # taken before the await: steps finishing meanwhile buffer anew
-        reply = await self.sender.progress(self.request, updates)
+        self.progress_calls += 1
+        reply = await self.sender.progress(self.request, updates, self.progress_calls)
         if reply.cancel_requested:
             self.ctx.request_cancel()
         # A cancel request learnt from this call stops the new steps at their boundary.

@@ -34,9 +34,13 @@ class ProgressSender(Protocol):
     """What the engine needs to report progress (HTTP here; in memory in ``stepline.testing``)."""
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[protocol.StepUpdate],
+        seq: int = 0,
     ) -> protocol.ProgressResponse:
-        """Commit ``updates`` for the invocation ``request``; answer the orchestrator's reply."""
+        """Commit ``updates`` (the invocation's ``seq``-th call) for the invocation ``request``;
+        answer the orchestrator's reply."""
         ...
 
 
@@ -76,11 +80,17 @@ class Transport:
         return response.status, response.body
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[protocol.StepUpdate],
+        seq: int = 0,
     ) -> protocol.ProgressResponse:
-        """POST the updates; retry transient failures; raise on a stale or lost orchestrator."""
+        """POST the updates; retry transient failures (the same ``seq``, so the orchestrator
+        applies them once); raise on a stale or lost orchestrator."""
         url = f"{request.api_url.rstrip('/')}/v1/invocations/{request.invocation_id}/progress"
-        body = protocol.dump(protocol.ProgressRequest(runId=request.run_id, updates=updates))
+        body = protocol.dump(
+            protocol.ProgressRequest(runId=request.run_id, updates=updates, seq=seq)
+        )
         content = _json.dumps(body)
         headers = {
             "Authorization": f"Bearer {request.token}",

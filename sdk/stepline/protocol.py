@@ -173,6 +173,7 @@ class ProgressRequest(_Model):
 
     run_id: str = Field(alias="runId")
     updates: list[StepUpdate]
+    seq: int = 0  # 1, 2, 3... within an invocation: a call sent again is not applied twice
 
 
 class CallbackInfo(_Model):

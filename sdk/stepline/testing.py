@@ -63,7 +63,7 @@ class _MemoryRun:
         self.cancel_requested = False
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[StepUpdate]
+        self, request: protocol.InvokeRequest, updates: list[StepUpdate], seq: int = 0
     ) -> protocol.ProgressResponse:
         """Commit updates as the orchestrator would; create the callbacks asked for."""
         created = self.apply(updates)

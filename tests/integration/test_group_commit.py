@@ -80,3 +80,22 @@ async def keys_bootstrap(database_url: str) -> None:
         await keys.bootstrap(conn)
     finally:
         await conn.close()
+
+
+async def test_a_progress_call_sent_again_is_applied_once(database_url: str) -> None:
+    """The SDK resends a call whose answer it lost: the same seq is answered, not re-applied."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        [(run_id, token, inv)] = await _leased_runs(conn, 1)
+        updates = [StepUpdate(name="a", kind="run", action="start")]
+        item = dispatch.Progress(run_id, token, inv, plan_updates(str(run_id), updates), seq=1)
+        first = await dispatch.apply_batch(conn, [item])
+        again = await dispatch.apply_batch(conn, [item])
+        assert first[run_id]["applied"] and not again[run_id]["applied"]
+        history = await runs.events(conn, keys.DEFAULT_PROJECT, run_id, 0, 50)
+        assert [e["type"] for e in history] == ["run.started", "step.started"]
+        stale = dispatch.Progress(run_id, "other", inv, item.plan, seq=2)
+        assert await dispatch.apply_batch(conn, [stale]) == {}
+    finally:
+        await conn.close()

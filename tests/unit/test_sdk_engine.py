@@ -20,11 +20,13 @@ class Recorder:
 
     def __init__(self, cancel: bool = False, stale: bool = False) -> None:
         self.calls: list[list[protocol.StepUpdate]] = []
+        self.seqs: list[int] = []
         self.cancel, self.stale = cancel, stale
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate]
+        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate], seq: int = 0
     ) -> protocol.ProgressResponse:
+        self.seqs.append(seq)
         self.calls.append(updates)
         if self.stale:
             raise StaleInvocation("another invocation owns the run")
@@ -58,7 +60,8 @@ async def invoke(fn: Any, req: protocol.InvokeRequest, sender: Recorder, **kw: A
 
 
 async def test_each_progress_call_carries_the_previous_result() -> None:
-    """One progress call per sequential step, each carrying the previous step's result."""
+    """One progress call per sequential step, each carrying the previous step's result and
+    numbered within the invocation."""
 
     async def wf(ctx: stepline.Context, input: Any) -> int:
         a = await ctx.step("a", lambda: 1)
@@ -72,6 +75,7 @@ async def test_each_progress_call_carries_the_previous_result() -> None:
         [("complete", "a"), ("start", "b")],
         [("complete", "b"), ("start", "c")],
     ]
+    assert sender.seqs == [1, 2, 3]
     assert answer.status == "completed" and answer.output == 3
     assert brief(answer.updates) == [("complete", "c")]
 

@@ -31,10 +31,13 @@ async def progress(request: Request) -> Response:
     o = orch(request)
     if plan.needs_transaction:
         async with o.pool.acquire() as conn:
-            applied = await dispatch.apply_plan(conn, run_id, token.strip(), invocation_id, plan)
+            applied = await dispatch.apply_plan(
+                conn, run_id, token.strip(), invocation_id, plan, body.seq
+            )
         cancel = applied.cancel_requested if applied else False
     else:
-        row = await o.batcher.apply(dispatch.Progress(run_id, token.strip(), invocation_id, plan))
+        progress = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
+        row = await o.batcher.apply(progress)
         applied, cancel = row, bool(row and row["cancel_requested"])
     if applied is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")

@@ -52,12 +52,13 @@ async def apply_plan(
     token: str,
     invocation_id: uuid.UUID,
     plan: Plan,
+    seq: int = 0,
 ) -> Applied | None:
     """Commit a batch of step changes for the lease holder; None when the token is stale."""
     if plan.needs_transaction:
         async with conn.transaction():
-            return await _apply(conn, run_id, token, invocation_id, plan)
-    return await _apply(conn, run_id, token, invocation_id, plan)
+            return await _apply(conn, run_id, token, invocation_id, plan, seq=seq)
+    return await _apply(conn, run_id, token, invocation_id, plan, seq=seq)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Progress:
     invocation_id: uuid.UUID
     plan: Plan
     extra_events: tuple[dict[str, Any], ...] = ()
+    seq: int = 0  # the SDK's number for this call; 0 for the invocation's answer
 
 
 async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
@@ -84,6 +86,7 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
                 "token": item.token,
                 "invocation_id": str(item.invocation_id),
                 "n_events": len(run_events),
+                "seq": item.seq,
             }
         )
         changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
@@ -99,9 +102,12 @@ async def _apply(
     invocation_id: uuid.UUID,
     plan: Plan,
     extra_events: tuple[dict[str, Any], ...] = (),
+    *,
+    seq: int = 0,
 ) -> Applied | None:
     since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
-    done = await apply_batch(conn, [Progress(run_id, token, invocation_id, plan, extra_events)])
+    item = Progress(run_id, token, invocation_id, plan, extra_events, seq)
+    done = await apply_batch(conn, [item])
     row = done.get(run_id)
     if row is None:
         return None

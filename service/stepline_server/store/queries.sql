@@ -147,6 +147,7 @@ SET lease_token = gen_random_uuid()::text,
     ready_at = now() + make_interval(secs => $3::double precision),
     claimed_wake_seq = r.wake_seq,
     progress_at = now(),
+    progress_seq = 0,
     started_at = coalesce(r.started_at, now())
 FROM due
 WHERE r.id = due.id
@@ -206,20 +207,23 @@ FROM r, evs;
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
 -- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
--- invocation_id, n_events}], $2: changes and $3: events, each with run_id and ord (1-based, per
--- run). A run whose token is stale comes back with no row. ready_at (indexed) is left alone so
+-- invocation_id, n_events, seq}], $2: changes and $3: events, each with run_id and ord
+-- (1-based, per run). A run whose token is stale comes back with no row; a call applied before
+-- (same seq: the SDK sent it again) comes back with applied = false and writes nothing. ready_at (indexed) is left alone so
 -- the run's row is updated in place; the heartbeat extends the lease.
 WITH q AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb)
-        AS q(run_id uuid, token text, invocation_id uuid, n_events integer)
+        AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint)
 ),
 r AS (
     UPDATE runs
     SET next_seq = runs.next_seq + q.n_events,
-        progress_at = now()
+        progress_at = now(),
+        progress_seq = greatest(runs.progress_seq, q.seq)
     FROM q
     WHERE runs.id = q.run_id AND runs.lease_token = q.token
       AND runs.status IN ('running', 'cancelling')
+      AND (q.seq = 0 OR runs.progress_seq < q.seq)
     RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
               runs.cancel_requested, q.invocation_id
 ),
@@ -260,7 +264,12 @@ e AS (
         http_status integer, duration_ms integer, data jsonb)
     JOIN r ON r.id = x.run_id
 )
-SELECT r.id, r.cancel_requested, r.project_id FROM r;
+SELECT runs.id, runs.cancel_requested, runs.project_id, r.id IS NOT NULL AS applied
+FROM q
+JOIN runs ON runs.id = q.run_id
+LEFT JOIN r ON r.id = q.run_id
+WHERE r.id IS NOT NULL
+   OR (runs.lease_token = q.token AND runs.status IN ('running', 'cancelling'));
 
 -- name: insert_callbacks
 -- A callback's id is derived from its run and step: an ended one comes back only when a retry

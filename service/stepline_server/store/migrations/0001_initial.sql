@@ -85,6 +85,7 @@ CREATE TABLE runs (
     wake_seq bigint NOT NULL DEFAULT 0,
     claimed_wake_seq bigint NOT NULL DEFAULT 0,
     progress_at timestamptz,
+    progress_seq bigint NOT NULL DEFAULT 0,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -92,6 +93,7 @@ COMMENT ON TABLE runs IS 'Room is left in each page (fillfactor) so the frequent
 COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the run: due work, a timer, a timeout, or the end of the current lease. NULL: nothing to do until something wakes it.';
 COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
 COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';
+COMMENT ON COLUMN runs.progress_seq IS 'The last progress call of the active invocation that was applied: a call sent again (its answer lost) is not applied twice.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
