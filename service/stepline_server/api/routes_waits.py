@@ -34,10 +34,8 @@ async def get_callback(request: Request) -> Response:
 
 async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> Response:
     o = orch(request)
+    body = await read_json(request)
     async with o.pool.acquire() as conn:
-        if await waits.get_callback(conn, cid, pid) is None:
-            raise NotFound(f"no callback with id {cid}")
-        body = await read_json(request)
         row, completed = await waits.complete_callback(conn, cid, pid, body)
     if row is None:
         raise NotFound(f"no callback with id {cid}")

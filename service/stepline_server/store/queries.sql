@@ -423,13 +423,34 @@ RETURNING *;
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
 
 -- name: complete_callback
-UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
-WHERE id = $1 AND status = 'pending'
-RETURNING *;
-
--- name: complete_wait_step
-UPDATE steps SET status = 'completed', output = $3, ended_at = now()
-WHERE run_id = $1 AND name = $2 AND status = 'waiting';
+-- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
+-- the history says so, and the run wakes (now, or right after its active invocation).
+WITH c AS (
+    UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
+    WHERE id = $1 AND status = 'pending' AND ($3::uuid IS NULL OR project_id = $3)
+    RETURNING *
+),
+s AS (
+    UPDATE steps SET status = 'completed', output = $2, ended_at = now()
+    FROM c
+    WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
+),
+r AS (
+    UPDATE runs SET
+        next_seq = next_seq + 2,
+        wake_seq = wake_seq + 1,
+        ready_at = CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
+    FROM c
+    WHERE runs.id = c.run_id AND runs.status IN ('running', 'cancelling')
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base
+),
+e AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
+    SELECT r.id, r.base + x.n, r.project_id, x.type, c.step_name, x.data
+    FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
+                       (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
+)
+SELECT c.*, pg_notify('stepline_wake', '') FROM c;
 
 -- name: insert_event
 INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4);

@@ -20,32 +20,12 @@ async def get_callback(
 async def complete_callback(
     conn: Conn, callback_id: uuid.UUID, project_id: uuid.UUID | None, body: Any
 ) -> tuple[Record | None, bool]:
-    """Complete a pending callback with ``body``: (the callback, whether this call completed it)."""
-    async with conn.transaction():
-        row = await conn.fetchrow(Q["complete_callback"], callback_id, body)
-        if row is None or (project_id is not None and row["project_id"] != project_id):
-            if row is not None:
-                raise RuntimeError("callback of another project")  # unreachable: ids are checked
-            return await get_callback(conn, callback_id, project_id), False
-        await conn.execute(Q["complete_wait_step"], row["run_id"], row["step_name"], body)
-        await runs.append_events(
-            conn,
-            row["run_id"],
-            [
-                {
-                    "type": "callback.completed",
-                    "step_name": row["step_name"],
-                    "data": {"callbackId": str(callback_id)},
-                },
-                {
-                    "type": "step.completed",
-                    "step_name": row["step_name"],
-                    "data": {"kind": "callback"},
-                },
-            ],
-        )
-        await dispatch.wake(conn, row["run_id"])
+    """Complete a pending callback with ``body``: (the callback, whether this call completed it).
+    The callback is None when it does not exist (in ``project_id``, when given)."""
+    row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id)
+    if row is not None:
         return row, True
+    return await get_callback(conn, callback_id, project_id), False
 
 
 async def send_event(conn: Conn, project_id: uuid.UUID, name: str, data: Any) -> list[uuid.UUID]:
