@@ -34,8 +34,7 @@ async def begin_invocation(
     conn: Conn, run_id: uuid.UUID, invocation_id: uuid.UUID, attempt: int
 ) -> list[Record]:
     """Settle timers and timeouts that have come due, record the start, return the steps."""
-    await conn.execute(Q["begin_invocation"], run_id, invocation_id, attempt)
-    return await runs.steps(conn, run_id)
+    return list(await conn.fetch(Q["begin_invocation"], run_id, invocation_id, attempt))
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,8 @@ WHERE r.id = h.id AND r.lease_token = h.token;
 
 -- name: begin_invocation
 -- Settles what came due (sleeps complete; event waits past their timeout complete with null;
--- callbacks past theirs fail as timed out) and records invocation $2 (attempt $3) starting.
+-- callbacks past theirs fail as timed out), records invocation $2 (attempt $3) starting, and
+-- returns the run's steps as they are now, in the order they were first recorded.
 WITH resolved AS (
     UPDATE steps SET
         status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
@@ -178,7 +179,7 @@ WITH resolved AS (
     WHERE run_id = $1
       AND ((status = 'sleeping' AND wake_at <= now())
            OR (status = 'waiting' AND kind IN ('event', 'callback') AND timeout_at <= now()))
-    RETURNING name, kind, callback_id
+    RETURNING name, kind, callback_id, status, error
 ),
 timed_out AS (
     UPDATE callbacks c SET status = 'timedOut', completed_at = now()
@@ -198,11 +199,23 @@ evs AS (
 r AS (
     UPDATE runs SET next_seq = next_seq + (SELECT count(*) FROM evs) WHERE id = $1
     RETURNING project_id, next_seq - (SELECT count(*) FROM evs) AS base
+),
+history AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
+    SELECT $1, r.base + evs.ord - 1, r.project_id, evs.type, evs.name,
+           CASE WHEN evs.type = 'invocation.started' THEN $2::uuid END, evs.data
+    FROM r, evs
 )
-INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
-SELECT $1, r.base + evs.ord - 1, r.project_id, evs.type, evs.name,
-       CASE WHEN evs.type = 'invocation.started' THEN $2::uuid END, evs.data
-FROM r, evs;
+-- The steps as read before this statement, with what it just settled laid over them.
+SELECT s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position, s.attempt,
+       s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
+       s.child_run_id,
+       CASE WHEN rv.kind = 'callback' THEN 'timedOut' ELSE c.status END AS callback_status
+FROM steps s
+LEFT JOIN resolved rv ON rv.name = s.name
+LEFT JOIN callbacks c ON c.id = s.callback_id
+WHERE s.run_id = $1
+ORDER BY s.position;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
