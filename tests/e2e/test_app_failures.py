@@ -1,0 +1,111 @@
+"""An app that answers 5xx, garbage or nothing in time: retried with backoff, then the run
+fails with an error that says what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import stepline
+from stepline import protocol
+from stepline_server.store import apps, keys
+from tests.support import orchestrator_stack, serve
+
+SECRET = "failing-app"
+
+
+def failing_app(mode: str, calls: Counter[str]) -> Any:
+    """A raw ASGI app: describes one workflow (3 attempts, 50 ms apart), then fails invokes."""
+    describe = protocol.DescribeResponse(
+        workflows=[
+            protocol.WorkflowInfo(
+                name="doomed",
+                retries=protocol.RetryPolicy(attempts=3, initialDelayMs=50, maxDelayMs=100),
+            )
+        ]
+    )
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        kind = json.loads(body)["kind"]
+        calls[kind] += 1
+        status, answer = 200, json.dumps(protocol.dump(describe)).encode()
+        if kind == "invoke":
+            if mode == "5xx":
+                status, answer = 503, b"upstream unavailable"
+            elif mode == "garbage":
+                answer = b"<html>not json</html>"
+            elif mode == "slow":
+                await asyncio.sleep(3)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("5xx", "HTTP 503"),
+        ("garbage", "not a valid InvokeResponse"),
+        ("slow", "did not answer in time"),
+    ],
+)
+async def test_failing_app_is_retried_then_the_run_fails(
+    database_url: str, mode: str, says: str
+) -> None:
+    """Each invocation failure is retried by the workflow's policy; after the third the run
+    fails, and the error and every invocation's outcome are in the history."""
+    calls: Counter[str] = Counter()
+    async with (
+        orchestrator_stack(database_url, invoke_timeout_seconds=0.5) as stack,
+        serve(failing_app(mode, calls)) as url,
+    ):
+        async with stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, "failing", url + "/", SECRET)
+        await stack.client.sync_app(row["slug"])
+        run = await stack.client.start_run("doomed", {"n": 1})
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "invocation_failed"
+        assert says in done["error"]["message"] and "3 attempts" in done["error"]["message"]
+        assert calls["invoke"] == 3
+        events = [e async for e in stack.client.iter_run_events(run["id"])]
+        ended = [e for e in events if e["type"] == "invocation.ended"]
+        assert len(ended) == 3 and all(says in e["data"]["error"] for e in ended)
+        assert events[-1]["type"] == "run.failed"
+
+
+async def test_unsigned_invocations_are_refused_by_the_sdk(database_url: str) -> None:
+    """An app whose secret does not match answers 401 to every invocation and runs nothing."""
+    ran: list[int] = []
+    sl = stepline.Stepline("the-real-secret")
+
+    @sl.workflow("guarded", retries=stepline.Retries(attempts=2, initial_delay="50ms"))
+    async def guarded(ctx: stepline.Context, input: Any) -> None:
+        ran.append(1)
+
+    async with orchestrator_stack(database_url) as stack, serve(sl.asgi()) as url:
+        async with stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, "guarded", url + "/", "wrong")
+        with pytest.raises(stepline.ApiError) as info:
+            await stack.client.sync_app(row["slug"])
+        assert info.value.status == 502 and "401" in info.value.message
+    assert ran == []
