@@ -120,7 +120,13 @@ async def sync_app(request: Request) -> Response:
         {
             "app": serialize.app(synced),
             "workflows": [
-                {"name": n, "app": synced["slug"], "options": opts} for n, opts in workflows
+                {
+                    "name": n,
+                    "app": synced["slug"],
+                    "options": opts,
+                    "syncedAt": serialize.ts(synced["synced_at"]),
+                }
+                for n, opts in workflows
             ],
         }
     )

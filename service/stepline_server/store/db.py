@@ -37,16 +37,30 @@ Q: dict[str, str] = _load_all(Path(__file__).parent)
 """Every named query of the store's .sql files, by name."""
 
 
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
+_JSONB_VERSION = b"\x01"
+
+
+def _jsonb_encode(value: Any) -> bytes:
+    return _JSONB_VERSION + orjson.dumps(value)
+
+
+def _jsonb_decode(data: bytes) -> Any:
+    return orjson.loads(data[1:])
 
 
 async def init_connection(conn: Conn) -> None:
-    """Teach a connection to read and write JSON values as Python objects."""
-    for typ in ("jsonb", "json"):
-        await conn.set_type_codec(
-            typ, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog", format="text"
-        )
+    """Teach a connection to read and write JSON values as Python objects (jsonb in its binary
+    form: a version byte and the JSON text, with no str round trip)."""
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=_jsonb_encode,
+        decoder=_jsonb_decode,
+        schema="pg_catalog",
+        format="binary",
+    )
+    await conn.set_type_codec(
+        "json", encoder=orjson.dumps, decoder=orjson.loads, schema="pg_catalog", format="binary"
+    )
 
 
 async def _keep_session(conn: Conn) -> None:
