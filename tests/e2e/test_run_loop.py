@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 import stepline
 from tests.support import app_server, orchestrator_stack
 
@@ -88,9 +86,8 @@ async def test_step_retries_without_rerunning_earlier_steps(database_url: str) -
         assert types.count("step.retrying") == 2
 
 
-@pytest.mark.parametrize("n", [1])
-async def test_placeholder_concurrency(database_url: str, n: int) -> None:
-    """Several runs at once all complete."""
+async def test_ten_runs_at_once_all_complete(database_url: str) -> None:
+    """Ten runs started together all complete with their own outputs."""
     counts: dict[str, int] = {}
     sl = make_app(counts)
     async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
@@ -98,3 +95,32 @@ async def test_placeholder_concurrency(database_url: str, n: int) -> None:
         started = [await stack.client.start_run("three-steps", {"x": i}) for i in range(10)]
         done = await asyncio.gather(*(stack.client.wait_run(r["id"], timeout=30) for r in started))
         assert [d["output"] for d in done] == [{"result": (i + 1) * 2 + 3} for i in range(10)]
+
+
+async def test_changed_code_fails_the_run_with_nondeterminism(database_url: str) -> None:
+    """A deploy renames a step a sleeping run already passed: on replay the run fails with a
+    nondeterminism error naming both steps, and nothing after them runs."""
+    version = {"name": "charge"}
+    ran: list[str] = []
+    sl = stepline.Stepline("secret-e2e")
+
+    @sl.workflow("evolving")
+    async def evolving(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step(version["name"], lambda: ran.append(version["name"]))
+        await ctx.sleep("pause", 0.5)
+        await ctx.step("ship", lambda: ran.append("ship"))
+        return "done"
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run("evolving", None)
+        while not any(
+            s["status"] == "sleeping" for s in (await stack.client.get_run(run["id"]))["steps"]
+        ):
+            await asyncio.sleep(0.05)
+        version["name"] = "charge-card"  # the new deploy
+        done = await stack.client.wait_run(run["id"], timeout=20)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "nondeterminism"
+        assert "charge-card" in done["error"]["message"] and "charge" in done["error"]["message"]
+        assert ran == ["charge"]
