@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import uuid
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-import httpx
 from pydantic import ValidationError
 
 from stepline.protocol import DescribeResponse, ScheduleSpec
@@ -22,6 +22,9 @@ from stepline_server.loops.waiters import RunWaiters
 from stepline_server.settings import Settings
 from stepline_server.store import db, keys, schedules
 from stepline_server.store.migrate import apply_migrations
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class Orchestrator:

@@ -1,1 +1,1 @@
-"""api"""
+"""The REST API: routes, auth, errors, pagination; rules come from engine, data from store."""

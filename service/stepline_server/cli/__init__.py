@@ -1,1 +1,1 @@
-"""cli"""
+"""The stepline command: serve, dev, migrate, keys."""

@@ -1,1 +1,1 @@
-"""engine"""
+"""The run and schedule rules as plain functions: no I/O library is imported here."""

@@ -1,1 +1,1 @@
-"""loops"""
+"""What drives the engine: the dispatcher, the scheduler, group commit, LISTEN, sweeping."""
