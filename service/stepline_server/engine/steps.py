@@ -99,7 +99,7 @@ class Plan:
     @property
     def needs_transaction(self) -> bool:
         """More than the one progress statement is needed to apply this plan."""
-        return bool(self.callbacks or self.children or self.event_waits)
+        return bool(self.children or self.event_waits)
 
 
 def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:

@@ -75,7 +75,7 @@ class Progress:
 async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
     """Commit several runs' progress in one statement; a run missing from the answer had a
     stale token (nothing of it was written). Each run may appear once."""
-    requests, changes, events = [], [], []
+    requests, changes, events, callbacks = [], [], [], []
     for item in items:
         run = str(item.run_id)
         run_events = [*item.plan.events, *item.extra_events]
@@ -90,7 +90,11 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
         )
         changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
         events += [e | {"run_id": run, "ord": n} for n, e in enumerate(run_events, 1)]
-    rows = await conn.fetch(Q["progress"], requests, changes, events)
+        callbacks += [
+            {"run_id": run, "id": cid, "step_name": name, "timeout_ms": timeout}
+            for cid, name, timeout in item.plan.callbacks
+        ]
+    rows = await conn.fetch(Q["progress"], requests, changes, events, callbacks)
     return {row["id"]: row for row in rows}
 
 
@@ -111,9 +115,6 @@ async def _apply(
     if row is None:
         return None
     project_id = row["project_id"]
-    if plan.callbacks:
-        records = [{"id": c, "step_name": n, "timeout_ms": t} for c, n, t in plan.callbacks]
-        await conn.execute(Q["insert_callbacks"], project_id, run_id, records)
     for child in plan.children:
         await _start_child(
             conn, project_id, run_id, child.id, child.step_name, child.workflow, child.input

@@ -221,7 +221,7 @@ ORDER BY s.position;
 -- Applies step changes for several runs at once (a group commit), each for the invocation
 -- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
 -- invocation_id, n_events, seq}], $2: changes and $3: events, each with run_id and ord
--- (1-based, per run). A run whose token is stale comes back with no row; a call applied before
+-- (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run whose token is stale comes back with no row; a call applied before
 -- (same seq: the SDK sent it again) comes back with applied = false and writes nothing. ready_at (indexed) is left alone so
 -- the run's row is updated in place; the heartbeat extends the lease.
 WITH q AS (
@@ -267,6 +267,21 @@ s AS (
         started_at = CASE WHEN excluded.status = 'running' THEN now() ELSE t.started_at END
     WHERE t.status NOT IN ('completed', 'failed', 'cancelled')
 ),
+callbacks_made AS (
+    -- A callback's id is derived from its run and step: an ended one comes back only when a
+    -- retry runs its step again, and then it waits anew.
+    INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
+    SELECT x.id, r.project_id, r.id, x.step_name,
+           CASE WHEN x.timeout_ms IS NOT NULL
+                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
+    FROM jsonb_to_recordset($4::jsonb)
+        AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
+    JOIN r ON r.id = x.run_id
+    ON CONFLICT (id) DO UPDATE SET
+        status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
+        timeout_at = excluded.timeout_at
+    WHERE callbacks.status <> 'pending'
+),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id,
                             deployment_id, http_status, duration_ms, data)
@@ -283,19 +298,6 @@ JOIN runs ON runs.id = q.run_id
 LEFT JOIN r ON r.id = q.run_id
 WHERE r.id IS NOT NULL
    OR (runs.lease_token = q.token AND runs.status IN ('running', 'cancelling'));
-
--- name: insert_callbacks
--- A callback's id is derived from its run and step: an ended one comes back only when a retry
--- runs its step again, and then it waits anew.
-INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
-SELECT x.id, $1, $2, x.step_name,
-       CASE WHEN x.timeout_ms IS NOT NULL
-            THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
-FROM jsonb_to_recordset($3::jsonb) AS x(id uuid, step_name text, timeout_ms bigint)
-ON CONFLICT (id) DO UPDATE SET
-    status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
-    timeout_at = excluded.timeout_at
-WHERE callbacks.status <> 'pending';
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
