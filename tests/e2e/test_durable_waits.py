@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -887,3 +887,25 @@ async def test_event_racing_its_wait_is_not_lost(database_url: str) -> None:
         assert done["status"] == "completed", done
         assert done["output"] == {"matchedWhenSent": 0, "data": {"order": "o-1"}}
         assert "event.received" in await event_types(stack, run["id"])
+
+
+async def test_sleep_until_wakes_at_the_given_time(database_url: str) -> None:
+    """`sleep_until` records a wake time equal to the one asked for and resumes after it."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("until")
+    async def until_wf(ctx: stepline.Context, input: Any) -> str:
+        start = await ctx.now("start")
+        await ctx.sleep_until("alarm", start + timedelta(seconds=1))
+        return (await ctx.now("woke")).isoformat()
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run("until", None)
+        sleeping = await step_in(stack, run["id"], "alarm", "sleeping")
+        start = datetime.fromisoformat(step_of(sleeping, "start")["output"])
+        wake_at = datetime.fromisoformat(step_of(sleeping, "alarm")["wakeAt"])
+        assert abs((wake_at - start).total_seconds() - 1.0) < 0.2
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        assert done["status"] == "completed", done
+        assert datetime.fromisoformat(done["output"]) >= wake_at
