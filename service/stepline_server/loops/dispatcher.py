@@ -80,9 +80,9 @@ class Dispatcher:
             async with self.pool.acquire() as conn:
                 due_in = await dispatch.next_due_in(conn)
             if due_in is not None:
-                timeout = max(0.0, min(timeout, due_in))
-        if timeout <= 0:
-            return
+                # A run due now that the claim skipped is locked by another transaction: look
+                # again shortly rather than spin.
+                timeout = max(0.005, min(timeout, due_in))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout)
 
