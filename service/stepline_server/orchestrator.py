@@ -68,7 +68,9 @@ class Orchestrator:
             max_connections=self.settings.max_inflight,
             transport=self._app_transport,
         )
-        self.dispatcher = Dispatcher(self.pool, self.settings, self.caller, self.signer, self.owner)
+        self.dispatcher = Dispatcher(
+            self.pool, self.settings, self.caller, self.signer, self.owner, self.batcher
+        )
         self.scheduler = Scheduler(self.pool, self.settings, on_started=self.dispatcher.wake)
         if self.run_loops:
             self.supervisor.add("dispatcher", self.dispatcher.run)

@@ -15,6 +15,7 @@ from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
+from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.settings import Settings
 from stepline_server.store import dispatch
 from stepline_server.store.db import Pool, Record
@@ -34,7 +35,9 @@ class Dispatcher:
         caller: AppCaller,
         signer: CallbackSigner,
         owner: str,
+        batcher: ProgressBatcher,
     ) -> None:
+        self.batcher = batcher
         self.pool = pool
         self.signer = signer
         self.settings = settings
@@ -168,8 +171,7 @@ class Dispatcher:
             outcome = self._failure(
                 claim, result.reason, result.http_status, result.duration_ms, None
             )
-        async with self.pool.acquire() as conn:
-            ok = await dispatch.finish_invocation(conn, run_id, token, invocation_id, plan, outcome)
+        ok = await self._finish(run_id, token, invocation_id, plan or Plan(), outcome)
         log.info(
             "invocation_ended",
             outcome=outcome.status,
@@ -177,6 +179,30 @@ class Dispatcher:
             duration_ms=outcome.duration_ms,
             recorded=ok,
         )
+
+    async def _finish(
+        self,
+        run_id: uuid.UUID,
+        token: str,
+        invocation_id: uuid.UUID,
+        plan: Plan,
+        outcome: dispatch.Outcome,
+    ) -> bool:
+        """Commit the last updates with the ``invocation.ended`` event (group-committed with
+        other runs' progress), then the outcome."""
+        ended = (dispatch.ended_event(outcome),)
+        if plan.needs_transaction:
+            async with self.pool.acquire() as conn, conn.transaction():
+                applied = await dispatch.apply_plan(
+                    conn, run_id, token, invocation_id, plan, extra_events=ended
+                )
+        else:
+            progress = dispatch.Progress(run_id, token, invocation_id, plan, ended)
+            applied = await self.batcher.apply(progress)
+        if applied is None:
+            return False
+        async with self.pool.acquire() as conn:
+            return await dispatch.record_outcome(conn, run_id, token, outcome)
 
     def _failure(
         self,

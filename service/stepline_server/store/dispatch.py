@@ -52,12 +52,14 @@ async def apply_plan(
     invocation_id: uuid.UUID,
     plan: Plan,
     seq: int = 0,
+    extra_events: tuple[dict[str, Any], ...] = (),
 ) -> Applied | None:
-    """Commit a batch of step changes for the lease holder; None when the token is stale."""
+    """Commit a batch of step changes for the lease holder (and ``extra_events`` after their
+    events); None when the token is stale."""
     if plan.needs_transaction:
         async with conn.transaction():
-            return await _apply(conn, run_id, token, invocation_id, plan, seq=seq)
-    return await _apply(conn, run_id, token, invocation_id, plan, seq=seq)
+            return await _apply(conn, run_id, token, invocation_id, plan, extra_events, seq=seq)
+    return await _apply(conn, run_id, token, invocation_id, plan, extra_events, seq=seq)
 
 
 @dataclass(frozen=True)
@@ -251,35 +253,34 @@ class Outcome:
     reason: str | None = None  # why the invocation failed, for the history
 
 
-async def finish_invocation(
-    conn: Conn,
-    run_id: uuid.UUID,
-    token: str,
-    invocation_id: uuid.UUID,
-    plan: Plan | None,
-    outcome: Outcome,
-) -> bool:
-    """Commit the invocation's last updates and its outcome; False when the lease was lost."""
-    ended: dict[str, Any] = {
+def ended_event(outcome: Outcome) -> dict[str, Any]:
+    """The ``invocation.ended`` event an outcome appends, with its status and duration."""
+    data: dict[str, Any] = {"outcome": outcome.status}
+    if outcome.reason:
+        data["error"] = outcome.reason
+    return {
         "type": "invocation.ended",
         "deployment_id": outcome.deployment_id,
         "http_status": outcome.http_status,
         "duration_ms": outcome.duration_ms,
-        "data": {"outcome": outcome.status} | ({"error": outcome.reason} if outcome.reason else {}),
+        "data": data,
     }
-    async with conn.transaction():
-        applied = await _apply(conn, run_id, token, invocation_id, plan or Plan(), (ended,))
-        if applied is None:
-            return False
-        if outcome.status in ("completed", "failed", "cancelled"):
-            status = rules.RunStatus(outcome.status)
+
+
+async def record_outcome(conn: Conn, run_id: uuid.UUID, token: str, outcome: Outcome) -> bool:
+    """After the invocation's last updates are committed: end the run, suspend it, or schedule
+    the invocation's retry. False when the lease was lost in between (the next invocation
+    replays what was committed, so nothing is lost)."""
+    if outcome.status in ("completed", "failed", "cancelled"):
+        status = rules.RunStatus(outcome.status)
+        async with conn.transaction():
             return await end_run(conn, run_id, token, status, outcome.output, outcome.error)
-        if outcome.status == "suspended":
-            return await conn.fetchrow(Q["suspend"], run_id, token) is not None
-        if outcome.status == "error":
-            delay = outcome.retry_delay_ms or 0
-            return await conn.fetchval(Q["invoke_failed"], run_id, token, delay) is not None
-        return False
+    if outcome.status == "suspended":
+        return await conn.fetchrow(Q["suspend"], run_id, token) is not None
+    if outcome.status == "error":
+        delay = outcome.retry_delay_ms or 0
+        return await conn.fetchval(Q["invoke_failed"], run_id, token, delay) is not None
+    return False
 
 
 async def end_run(
