@@ -132,7 +132,11 @@ class Stepline:
         concurrency: int | None = None,
         schedule: str | dict[str, Any] | protocol.ScheduleSpec | None = None,
     ) -> Callable[[F], F]:
-        """Register ``async def fn(ctx, input)`` as the workflow ``name``."""
+        """Register ``async def fn(ctx, input)`` as the workflow ``name``.
+
+        ``concurrency`` is sent to the orchestrator at sync and shown with the workflow; it does
+        not limit concurrent runs yet.
+        """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
         if name in self._workflows:
