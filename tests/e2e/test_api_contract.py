@@ -135,6 +135,8 @@ async def test_bad_input_is_refused_and_changes_nothing(database_url: str) -> No
             "validation_failed",
         )
         _error(await _raw(stack, "POST", "/v1/events", json={"data": {}}), 422, "validation_failed")
+        _error(await _raw(stack, "GET", "/v1/nowhere"), 404, "not_found")
+        _error(await _raw(stack, "DELETE", "/v1/runs"), 405, "method_not_allowed")
         assert await _runs_count(stack) == 0
         # The loops are unharmed: a good run still completes.
         run = await stack.client.start_run("echo", "fine")

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
 from stepline_server.api import routes_apps as apps
@@ -15,7 +16,12 @@ from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
-from stepline_server.api.errors import ApiError, handle_api_error, handle_unexpected
+from stepline_server.api.errors import (
+    ApiError,
+    handle_api_error,
+    handle_http_exception,
+    handle_unexpected,
+)
 from stepline_server.orchestrator import Orchestrator
 
 ROUTES: list[BaseRoute] = [
@@ -79,5 +85,9 @@ def build_app(orchestrator: Orchestrator) -> Starlette:
     return Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={ApiError: handle_api_error, Exception: handle_unexpected},
+        exception_handlers={
+            ApiError: handle_api_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
     )

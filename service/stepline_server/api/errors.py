@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -92,6 +93,20 @@ def error_response(exc: ApiError) -> Response:
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such path, wrong method) in the same error shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"no route for {request.url.path}"))
+    if exc.status_code == 405:
+        error = ApiError(f"{request.method} is not allowed on {request.url.path}")
+        error.code, error.status = "method_not_allowed", 405
+        return error_response(error)
+    error = ApiError(str(exc.detail))
+    error.code, error.status = f"http_{exc.status_code}", exc.status_code
+    return error_response(error)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
