@@ -76,7 +76,9 @@ class Orchestrator:
             self.supervisor.add("dispatcher", self.dispatcher.run)
             self.supervisor.add("scheduler", self.scheduler.run)
             self.supervisor.add("heartbeat", self.dispatcher.heartbeat)
-            self.supervisor.add("sweeper", lambda: sweeper.sweep(self.pool))
+            self.supervisor.add(
+                "sweeper", lambda: sweeper.sweep(self.pool, self.settings.retention_days)
+            )
             self.supervisor.add(
                 "listener",
                 lambda: listener.listen(self.dsn, self.dispatcher.wake, self.waiters.ended),

@@ -24,6 +24,7 @@ class Settings:
     max_inflight: int = 48
     poll_seconds: float = 2.0
     default_invoke_attempts: int = 5
+    retention_days: float = 30.0
     # Schedules.
     scheduler_poll_seconds: float = 1.0
     misfire_grace_seconds: float = 60.0
@@ -56,6 +57,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         invoke_timeout_seconds=float(e.get("STEPLINE_INVOKE_TIMEOUT", s.invoke_timeout_seconds)),
         max_inflight=int(e.get("STEPLINE_MAX_INFLIGHT", s.max_inflight)),
         poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
+        retention_days=float(e.get("STEPLINE_RETENTION_DAYS", s.retention_days)),
         default_invoke_attempts=int(e.get("STEPLINE_INVOKE_ATTEMPTS", s.default_invoke_attempts)),
         scheduler_poll_seconds=float(
             e.get("STEPLINE_SCHEDULER_POLL_SECONDS", s.scheduler_poll_seconds)

@@ -487,6 +487,15 @@ FROM (
 WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
 RETURNING s.name;
 
+-- name: delete_old_runs
+-- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history.
+DELETE FROM runs WHERE id IN (
+    SELECT id FROM runs
+    WHERE ended_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY ended_at
+    LIMIT $2
+);
+
 -- name: delete_old_events
 DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double precision);
 

@@ -81,3 +81,9 @@ async def delete_old_events(conn: Conn, older_than_seconds: float) -> int:
     """Delete events received more than ``older_than_seconds`` ago; return how many."""
     status = await conn.execute(Q["delete_old_events"], older_than_seconds)
     return int(status.split()[-1])
+
+
+async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 1000) -> int:
+    """Delete up to ``limit`` runs that ended more than ``older_than_seconds`` ago."""
+    status = await conn.execute(Q["delete_old_runs"], older_than_seconds, limit)
+    return int(status.split()[-1])

@@ -1,4 +1,4 @@
-"""Group commit of progress: several runs in one statement, stale ones refused alone."""
+"""The run loop's store: group commit of progress, resent calls, the sweeper."""
 
 from __future__ import annotations
 
@@ -98,4 +98,36 @@ async def test_a_progress_call_sent_again_is_applied_once(database_url: str) -> 
         stale = dispatch.Progress(run_id, "other", inv, item.plan, seq=2)
         assert await dispatch.apply_batch(conn, [stale]) == {}
     finally:
+        await conn.close()
+
+
+async def test_sweeper_deletes_runs_past_retention_and_old_events(database_url: str) -> None:
+    """Runs that ended longer ago than the retention go with their history; others stay."""
+    from stepline_server.engine.runs import RunStatus
+    from stepline_server.loops import sweeper
+
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    pool = await db.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        leased = await _leased_runs(conn, 3)
+        old, recent, running = (run_id for run_id, _, _ in leased)
+        async with conn.transaction():
+            for run_id in (old, recent):
+                await dispatch.end_run(conn, run_id, None, RunStatus.COMPLETED, 1, None)
+        await conn.execute(
+            "UPDATE runs SET ended_at = now() - interval '31 days' WHERE id = $1", old
+        )
+        await conn.execute(
+            "INSERT INTO events (id, project_id, name, received_at) "
+            "VALUES ($1, $2, 'e', now() - interval '2 days')",
+            uuid.uuid4(),
+            keys.DEFAULT_PROJECT,
+        )
+        assert await sweeper.sweep_once(pool, retention_days=30) == (1, 1)
+        left = {r["id"] for r in await conn.fetch("SELECT id FROM runs")}
+        assert left == {recent, running}
+        assert await conn.fetchval("SELECT count(*) FROM run_events WHERE run_id = $1", old) == 0
+    finally:
+        await pool.close()
         await conn.close()
