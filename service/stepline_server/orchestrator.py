@@ -19,6 +19,7 @@ from stepline_server.loops.dispatcher import Dispatcher
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
 from stepline_server.loops.waiters import RunWaiters
+from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
 from stepline_server.store import db, keys, schedules
 from stepline_server.store.migrate import apply_migrations
@@ -51,6 +52,7 @@ class Orchestrator:
         self.scheduler: Scheduler
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
+        self.metrics = Metrics()
 
     async def start(self) -> None:
         conn = await db.connect(self.dsn)
@@ -62,14 +64,20 @@ class Orchestrator:
             await conn.close()
         self.pool = await db.create_pool(self.dsn, min_size=2, max_size=20)
         self.signer = CallbackSigner(secrets)
-        self.batcher = ProgressBatcher(self.pool)
+        self.batcher = ProgressBatcher(self.pool, self.metrics)
         self.caller = AppCaller(
             self.settings.invoke_timeout_seconds,
             max_connections=self.settings.max_inflight,
             transport=self._app_transport,
         )
         self.dispatcher = Dispatcher(
-            self.pool, self.settings, self.caller, self.signer, self.owner, self.batcher
+            self.pool,
+            self.settings,
+            self.caller,
+            self.signer,
+            self.owner,
+            self.batcher,
+            self.metrics,
         )
         self.scheduler = Scheduler(self.pool, self.settings, on_started=self.dispatcher.wake)
         if self.run_loops:

@@ -25,12 +25,11 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     o = orch(request)
-    lines = [
-        "# HELP stepline_invocations_inflight Invocations this orchestrator is running.",
-        "# TYPE stepline_invocations_inflight gauge",
-        f"stepline_invocations_inflight {o.dispatcher.inflight}",
-        "# HELP stepline_pool_connections Database connections in the pool.",
-        "# TYPE stepline_pool_connections gauge",
-        f"stepline_pool_connections {o.pool.get_size()}",
-    ]
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    gauges = {
+        "stepline_invocations_inflight": (
+            "Invocations this orchestrator is running.",
+            float(o.dispatcher.inflight),
+        ),
+        "stepline_pool_connections": ("Database connections in the pool.", o.pool.get_size()),
+    }
+    return PlainTextResponse(o.metrics.render(gauges), media_type="text/plain; version=0.0.4")

@@ -35,6 +35,7 @@ async def progress(request: Request) -> Response:
                 conn, run_id, token.strip(), invocation_id, plan, body.seq
             )
         cancel = applied.cancel_requested if applied else False
+        o.metrics.inc("stepline_progress_calls_total")
     else:
         progress = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
         row = await o.batcher.apply(progress)

@@ -86,6 +86,7 @@ async def start_run(request: Request) -> Response:
                 )
         assert row is not None
         o.dispatcher.wake()
+        o.metrics.inc("stepline_runs_started_total")
         return json_response(serialize.run(row, wf["app_slug"], []), 201)
 
 

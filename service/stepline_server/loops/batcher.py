@@ -14,6 +14,7 @@ import uuid
 
 import structlog
 
+from stepline_server.metrics import Metrics
 from stepline_server.store import dispatch
 from stepline_server.store.db import Pool, Record
 
@@ -25,8 +26,16 @@ Entry = tuple[dispatch.Progress, "asyncio.Future[Record | None]"]
 class ProgressBatcher:
     """Commits progress calls in groups; ``apply`` answers the run's row, None when stale."""
 
-    def __init__(self, pool: Pool, *, max_batch: int = 64, max_flushes: int = 2) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        metrics: Metrics | None = None,
+        *,
+        max_batch: int = 64,
+        max_flushes: int = 2,
+    ) -> None:
         self.pool = pool
+        self.metrics = metrics or Metrics()
         self.max_batch = max_batch
         self.max_flushes = max_flushes
         self._queue: list[Entry] = []
@@ -66,6 +75,8 @@ class ProgressBatcher:
             try:
                 async with self.pool.acquire() as conn:
                     rows = await dispatch.apply_batch(conn, [item for item, _ in batch])
+                self.metrics.inc("stepline_progress_commits_total")
+                self.metrics.inc("stepline_progress_calls_total", by=len(batch))
                 for item, future in batch:
                     if not future.done():
                         future.set_result(rows.get(item.run_id))

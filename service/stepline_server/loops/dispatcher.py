@@ -16,6 +16,7 @@ from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops.batcher import ProgressBatcher
+from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
 from stepline_server.store import dispatch
 from stepline_server.store.db import Pool, Record
@@ -36,8 +37,10 @@ class Dispatcher:
         signer: CallbackSigner,
         owner: str,
         batcher: ProgressBatcher,
+        metrics: Metrics,
     ) -> None:
         self.batcher = batcher
+        self.metrics = metrics
         self.pool = pool
         self.signer = signer
         self.settings = settings
@@ -172,6 +175,7 @@ class Dispatcher:
                 claim, result.reason, result.http_status, result.duration_ms, None
             )
         ok = await self._finish(run_id, token, invocation_id, plan or Plan(), outcome)
+        self.metrics.inc("stepline_invocations_total", outcome.status)
         log.info(
             "invocation_ended",
             outcome=outcome.status,
@@ -196,6 +200,7 @@ class Dispatcher:
                 applied = await dispatch.apply_plan(
                     conn, run_id, token, invocation_id, plan, extra_events=ended
                 )
+            self.metrics.inc("stepline_progress_calls_total")
         else:
             progress = dispatch.Progress(run_id, token, invocation_id, plan, ended)
             applied = await self.batcher.apply(progress)
