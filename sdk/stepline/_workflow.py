@@ -134,8 +134,8 @@ class Stepline:
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, input)`` as the workflow ``name``.
 
-        ``concurrency`` is sent to the orchestrator at sync and shown with the workflow; it does
-        not limit concurrent runs yet.
+        ``concurrency``: at most this many invocations of the workflow run at once (a run that
+        sleeps or waits holds no slot); the orchestrator holds the others back, oldest first.
         """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")

@@ -124,3 +124,34 @@ async def test_changed_code_fails_the_run_with_nondeterminism(database_url: str)
         assert done["error"]["code"] == "nondeterminism"
         assert "charge-card" in done["error"]["message"] and "charge" in done["error"]["message"]
         assert ran == ["charge"]
+
+
+async def test_concurrency_caps_invocations_of_a_workflow(database_url: str) -> None:
+    """With concurrency=2, eight runs started together never have more than two invocations
+    running at once, and all complete; a sleeping run holds no slot."""
+    now_running = 0
+    most = 0
+    sl = stepline.Stepline("secret-e2e")
+
+    @sl.workflow("capped", concurrency=2)
+    async def capped(ctx: stepline.Context, input: int) -> int:
+        async def work() -> int:
+            nonlocal now_running, most
+            now_running += 1
+            most = max(most, now_running)
+            await asyncio.sleep(0.2)
+            now_running -= 1
+            return input
+
+        value = await ctx.step("work", work)
+        await ctx.sleep("rest", 0.1)
+        return value  # type: ignore[no-any-return]
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        runs = await asyncio.gather(*(stack.client.start_run("capped", i) for i in range(8)))
+        done = await asyncio.gather(*(stack.client.wait_run(r["id"], timeout=60) for r in runs))
+        assert [d["output"] for d in done] == list(range(8))
+        assert most == 2
+        workflows = (await stack.client.list_workflows())["workflows"]
+        assert next(w for w in workflows if w["name"] == "capped")["options"]["concurrency"] == 2

@@ -96,15 +96,25 @@ class Dispatcher:
         self._tasks.discard(task)
         self.wakeup.set()
 
+    async def _release_held(self) -> None:
+        try:
+            async with self.pool.acquire() as conn:
+                await dispatch.release_held(conn)
+        except Exception:
+            log.exception("release_held_failed")  # the heartbeat loop tries again
+
     async def heartbeat(self) -> None:
         """Extend the leases of invocations in flight, so only a dead orchestrator loses them."""
         interval = max(0.2, self.settings.lease_seconds / 3)
         while True:
             await asyncio.sleep(interval)
             leases = list(self._inflight.items())
-            if leases:
-                async with self.pool.acquire() as conn:
+            async with self.pool.acquire() as conn:
+                if leases:
                     await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+                # A run held while its cap looked full, released by nobody since (a race with
+                # the invocation that freed the slot), goes now.
+                await dispatch.release_held(conn)
 
     async def _handle(self, claim: Record) -> None:
         run_id: uuid.UUID = claim["id"]
@@ -115,6 +125,8 @@ class Dispatcher:
             log.exception("invocation_crashed")
         finally:
             self._inflight.pop(run_id, None)
+            if (claim["options"] or {}).get("concurrency"):
+                await self._release_held()
             structlog.contextvars.unbind_contextvars("run_id")
 
     async def _invoke(self, claim: Record) -> None:

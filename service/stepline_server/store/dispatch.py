@@ -17,6 +17,14 @@ async def claim(conn: Conn, owner: str, lease_seconds: float, limit: int) -> lis
     return list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds))
 
 
+async def release_held(conn: Conn) -> int:
+    """Let held runs go as far as their workflows' caps have room; wake the dispatchers."""
+    released = await conn.fetch(Q["release_held"])
+    if released:
+        await conn.execute(Q["notify_wake"])
+    return len(released)
+
+
 async def next_due_in(conn: Conn) -> float | None:
     """Seconds until the next run comes due (negative when overdue), None when none will."""
     value = await conn.fetchval(Q["next_due_in"])

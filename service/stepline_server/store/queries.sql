@@ -132,13 +132,32 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 
 -- name: claim_due
 -- Takes up to $1 runs whose ready_at has come, and leases each to one invocation: the run's
--- ready_at moves to the end of the lease, so a crashed orchestrator's run comes due again.
+-- ready_at moves to the end of the lease, so a crashed orchestrator's run comes due again. A run
+-- of a workflow with a concurrency cap whose invocations in flight fill the cap is held instead
+-- (ready_at at its deadline) until release_held lets it go.
 WITH due AS (
-    SELECT id FROM runs
+    SELECT id, project_id, workflow, (options ->> 'concurrency')::integer AS cap, ready_at,
+           coalesce(deadline_at <= now(), false) AS late
+    FROM runs
     WHERE ready_at <= now()
     ORDER BY ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+judged AS (
+    SELECT d.id,
+           CASE WHEN d.cap IS NULL OR d.late THEN true
+                ELSE row_number() OVER (PARTITION BY d.project_id, d.workflow, d.cap IS NULL
+                                        ORDER BY d.ready_at)
+                     + (SELECT count(*) FROM runs a
+                        WHERE a.project_id = d.project_id AND a.workflow = d.workflow
+                          AND a.lease_token IS NOT NULL AND a.ready_at > now()) <= d.cap
+           END AS go
+    FROM due d
+),
+held AS (
+    UPDATE runs h SET ready_at = h.deadline_at, held = true
+    FROM judged WHERE h.id = judged.id AND NOT judged.go
 )
 UPDATE runs r
 SET lease_token = gen_random_uuid()::text,
@@ -148,14 +167,33 @@ SET lease_token = gen_random_uuid()::text,
     claimed_wake_seq = r.wake_seq,
     progress_at = now(),
     progress_seq = 0,
+    held = false,
     started_at = coalesce(r.started_at, now())
-FROM due
-WHERE r.id = due.id
+FROM judged
+WHERE r.id = judged.id AND judged.go
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, r.deadline_at <= now() AS past_deadline, r.lease_token,
           r.invocation_id, r.invoke_attempts, r.wake_seq,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+
+-- name: release_held
+-- Held runs become due again, oldest first, as far as their workflow's cap has room now.
+WITH waiting AS (
+    SELECT h.id, h.project_id, h.workflow, (h.options ->> 'concurrency')::integer AS cap,
+           row_number() OVER (PARTITION BY h.project_id, h.workflow ORDER BY h.created_at) AS n
+    FROM runs h WHERE h.held
+),
+room AS (
+    SELECT w.id FROM waiting w
+    WHERE w.cap IS NULL OR w.n + (
+        SELECT count(*) FROM runs a
+        WHERE a.project_id = w.project_id AND a.workflow = w.workflow
+          AND a.lease_token IS NOT NULL AND a.ready_at > now()) <= w.cap
+)
+UPDATE runs r SET ready_at = now(), held = false
+FROM room WHERE r.id = room.id AND r.held
+RETURNING r.id;
 
 -- name: next_due_in
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs

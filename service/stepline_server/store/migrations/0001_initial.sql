@@ -86,6 +86,7 @@ CREATE TABLE runs (
     claimed_wake_seq bigint NOT NULL DEFAULT 0,
     progress_at timestamptz,
     progress_seq bigint NOT NULL DEFAULT 0,
+    held boolean NOT NULL DEFAULT false,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -94,6 +95,7 @@ COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the ru
 COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
 COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';
 COMMENT ON COLUMN runs.progress_seq IS 'The last progress call of the active invocation that was applied: a call sent again (its answer lost) is not applied twice.';
+COMMENT ON COLUMN runs.held IS 'Due, but its workflow''s concurrency was full: it waits (ready_at at its deadline) until an invocation of the workflow ends.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
@@ -102,6 +104,8 @@ CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DES
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
 CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX runs_leased ON runs (project_id, workflow) WHERE lease_token IS NOT NULL;
+CREATE INDEX runs_held ON runs (project_id, workflow, created_at) WHERE held;
 CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
 
 CREATE TABLE steps (
