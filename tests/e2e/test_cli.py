@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,3 +79,42 @@ def test_migrate_and_keys_create(database_url: str, tmp_path: Path) -> None:
     finally:
         serve.terminate()
         serve.wait(10)
+
+
+@pytest.mark.slow
+def test_serve_on_sigterm_stops_its_embedded_postgres() -> None:
+    """`stepline serve` without DATABASE_URL exits cleanly on SIGTERM and stops the embedded
+    PostgreSQL it started (no server is left running on the data folder)."""
+    folder = Path(tempfile.mkdtemp(prefix="stepline-serve-", dir="/tmp"))
+    folder.chmod(0o755)  # no private folder above the data, so it stays where it is put
+    port = free_port()
+    env = {
+        **os.environ,
+        "STEPLINE_PORT": str(port),
+        "STEPLINE_LOG_LEVEL": "warning",
+        "STEPLINE_DATA_DIR": str(folder / ".stepline"),
+    }
+    env.pop("DATABASE_URL", None)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "stepline_server.cli.main", "serve"],
+        env=env,
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert serve.poll() is None, "stepline serve exited early"
+                time.sleep(0.05)
+        assert list(folder.rglob("postmaster.pid"))  # the embedded server runs here
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+        assert not list(folder.rglob("postmaster.pid"))
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -7,18 +7,16 @@ real workflow end to end while printing its steps, and shows how to start more w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import uvicorn
 
 import stepline
 from stepline_server.api.app import build_app
+from stepline_server.cli import servers
 from stepline_server.cli.main import _run, database
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
@@ -44,21 +42,6 @@ def _example_module() -> ModuleType:
     raise SystemExit("examples/app.py was not found: run `stepline dev` from the project folder")
 
 
-class _QuietServer(uvicorn.Server):
-    """A server that leaves Ctrl-C to the orchestrator's server."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _server(app: Any, host: str, port: int, *, signals: bool) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", loop="none", access_log=False
-    )
-    return uvicorn.Server(config) if signals else _QuietServer(config)
-
-
 async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
     while not server.started:
         if task.done():
@@ -72,7 +55,9 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
     sl: stepline.Stepline = module.sl
     async with database(settings) as (dsn, where):
         orch = Orchestrator(settings, dsn)
-        api = _server(build_app(orch), settings.host, settings.port, signals=True)
+        api = servers.server(build_app(orch), settings.host, settings.port)
+        user_app = servers.server(module.app, "127.0.0.1", app_port)
+        servers.stop_on_signals(api, user_app)
         api_task = asyncio.create_task(api.serve())
         await _started(api, api_task)
         app_url = f"http://127.0.0.1:{app_port}/stepline/"
@@ -85,7 +70,6 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             assert row is not None
             key = await keys.create_key(conn, "dev")
         sl.signing_secrets = tuple(row["signing_secrets"])
-        user_app = _server(module.app, "127.0.0.1", app_port, signals=False)
         app_task = asyncio.create_task(user_app.serve())
         await _started(user_app, app_task)
         base = settings.base_url

@@ -32,23 +32,15 @@ async def database(settings: Settings) -> AsyncIterator[tuple[str, str]]:
 
 
 async def _serve(settings: Settings) -> None:
-    import uvicorn
-
     from stepline_server.api.app import build_app
+    from stepline_server.cli import servers
     from stepline_server.orchestrator import Orchestrator
 
     async with database(settings) as (dsn, _):
         app = build_app(Orchestrator(settings, dsn))
-        config = uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            loop="none",
-            http="httptools",
-            access_log=False,
-        )
-        await uvicorn.Server(config).serve()
+        api = servers.server(app, settings.host, settings.port, log_level=settings.log_level)
+        servers.stop_on_signals(api)
+        await api.serve()
 
 
 async def _migrate(settings: Settings) -> None:

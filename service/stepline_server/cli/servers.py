@@ -1,0 +1,49 @@
+"""uvicorn servers that stop cleanly on Ctrl-C or SIGTERM, so the embedded PostgreSQL stops too.
+
+uvicorn's own signal handling re-raises the signal once it has shut down, which kills the
+process before the code around it can clean up; these servers leave signals to
+:func:`stop_on_signals`, which asks every server to exit and lets the caller finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+
+class Server(uvicorn.Server):
+    """A uvicorn server that installs no signal handlers of its own."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def server(app: Any, host: str, port: int, *, log_level: str = "warning") -> Server:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        loop="none",
+        http="httptools",
+        access_log=False,
+    )
+    return Server(config)
+
+
+def stop_on_signals(*servers: uvicorn.Server) -> None:
+    """On SIGINT or SIGTERM, ask every server to finish what it is doing and exit."""
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for s in servers:
+            s.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
