@@ -139,7 +139,7 @@ async def test_concurrency_caps_invocations_of_a_workflow(database_url: str) -> 
             nonlocal now_running, most
             now_running += 1
             most = max(most, now_running)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.5)  # long enough that two invocations surely overlap
             now_running -= 1
             return input
 
