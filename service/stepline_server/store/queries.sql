@@ -87,9 +87,6 @@ WHERE r.project_id = $1 AND r.run_key = $2;
 SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.id = $2;
 
--- name: get_run_status
-SELECT status FROM runs WHERE id = $1;
-
 -- name: run_steps
 SELECT s.*, c.status AS callback_status FROM steps s
 LEFT JOIN callbacks c ON c.id = s.callback_id
