@@ -1,4 +1,7 @@
-"""The SDK's side channel: step progress committed while an invocation runs."""
+"""The SDK's side channel: step progress committed while an invocation runs.
+
+The answer has :class:`stepline.protocol.ProgressResponse`'s shape.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline.protocol import ProgressRequest, ProgressResponse, dump
+from stepline.protocol import ProgressRequest
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import StaleInvocation, Unauthorized, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
@@ -29,22 +32,12 @@ async def progress(request: Request) -> Response:
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     o = orch(request)
-    if plan.needs_transaction:
-        async with o.pool.acquire() as conn:
-            applied = await dispatch.apply_plan(
-                conn, run_id, token.strip(), invocation_id, plan, body.seq
-            )
-        cancel = applied.cancel_requested if applied else False
-        o.metrics.inc("stepline_progress_calls_total")
-    else:
-        progress = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
-        row = await o.batcher.apply(progress)
-        applied, cancel = row, bool(row and row["cancel_requested"])
-    if applied is None:
+    progress = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
+    row = await o.batcher.apply(progress)
+    if row is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url
     callbacks = {
         name: {"id": cid, "url": o.signer.url(base, cid)} for cid, name, _ in plan.callbacks
     }
-    answer = ProgressResponse.model_validate({"cancelRequested": cancel, "callbacks": callbacks})
-    return json_response(dump(answer))
+    return json_response({"cancelRequested": row["cancel_requested"], "callbacks": callbacks})

@@ -43,6 +43,21 @@ class ProgressBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def apply(self, item: dispatch.Progress) -> Record | None:
+        """Commit ``item``; answer the run's progress row, None when its token is stale. A plan
+        that starts children or waits for events needs a transaction of its own."""
+        if item.plan.needs_transaction:
+            async with self.pool.acquire() as conn:
+                row = await dispatch.apply_plan(
+                    conn,
+                    item.run_id,
+                    item.token,
+                    item.invocation_id,
+                    item.plan,
+                    item.seq,
+                    item.extra_events,
+                )
+            self.metrics.inc("stepline_progress_calls_total")
+            return row
         future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
         self._kick()

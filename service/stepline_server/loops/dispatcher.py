@@ -205,17 +205,10 @@ class Dispatcher:
         outcome: dispatch.Outcome,
     ) -> bool:
         """Commit the last updates with the ``invocation.ended`` event (group-committed with
-        other runs' progress), then the outcome."""
+        other runs' progress when they need no transaction), then the outcome."""
         ended = (dispatch.ended_event(outcome),)
-        if plan.needs_transaction:
-            async with self.pool.acquire() as conn, conn.transaction():
-                applied = await dispatch.apply_plan(
-                    conn, run_id, token, invocation_id, plan, extra_events=ended
-                )
-            self.metrics.inc("stepline_progress_calls_total")
-        else:
-            progress = dispatch.Progress(run_id, token, invocation_id, plan, ended)
-            applied = await self.batcher.apply(progress)
+        progress = dispatch.Progress(run_id, token, invocation_id, plan, ended)
+        applied = await self.batcher.apply(progress)
         if applied is None:
             return False
         async with self.pool.acquire() as conn:

@@ -45,14 +45,6 @@ async def begin_invocation(
     return list(await conn.fetch(Q["begin_invocation"], run_id, invocation_id, attempt))
 
 
-@dataclass(frozen=True)
-class Applied:
-    """What a progress commit tells the SDK."""
-
-    cancel_requested: bool
-    callbacks: list[str]
-
-
 async def apply_plan(
     conn: Conn,
     run_id: uuid.UUID,
@@ -61,9 +53,10 @@ async def apply_plan(
     plan: Plan,
     seq: int = 0,
     extra_events: tuple[dict[str, Any], ...] = (),
-) -> Applied | None:
+) -> Record | None:
     """Commit a batch of step changes for the lease holder (and ``extra_events`` after their
-    events); None when the token is stale."""
+    events), with the children and event waits it starts; the run's progress row (as
+    :func:`apply_batch` answers it), None when the token is stale."""
     if plan.needs_transaction:
         async with conn.transaction():
             return await _apply(conn, run_id, token, invocation_id, plan, extra_events, seq=seq)
@@ -117,7 +110,7 @@ async def _apply(
     extra_events: tuple[dict[str, Any], ...] = (),
     *,
     seq: int = 0,
-) -> Applied | None:
+) -> Record | None:
     since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
     item = Progress(run_id, token, invocation_id, plan, extra_events, seq)
     done = await apply_batch(conn, [item])
@@ -131,7 +124,7 @@ async def _apply(
         )
     if plan.event_waits and since is not None:
         await _take_recent_events(conn, project_id, run_id, plan, since)
-    return Applied(row["cancel_requested"], [name for _, name, _ in plan.callbacks])
+    return row
 
 
 async def _take_recent_events(
