@@ -32,8 +32,8 @@ async def progress(request: Request) -> Response:
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     o = orch(request)
-    progress = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
-    row = await o.batcher.apply(progress)
+    item = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
+    row = await o.batcher.apply(item)
     if row is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url
