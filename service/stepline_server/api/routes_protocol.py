@@ -33,11 +33,11 @@ async def progress(request: Request) -> Response:
         raise ValidationFailed(str(exc)) from None
     o = orch(request)
     item = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
-    row = await o.batcher.apply(item)
-    if row is None:
+    done = await o.batcher.apply(item)
+    if done is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url
     callbacks = {
         name: {"id": cid, "url": o.signer.url(base, cid)} for cid, name, _ in plan.callbacks
     }
-    return json_response({"cancelRequested": row["cancel_requested"], "callbacks": callbacks})
+    return json_response({"cancelRequested": done.row["cancel_requested"], "callbacks": callbacks})

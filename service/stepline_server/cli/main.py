@@ -40,6 +40,7 @@ async def _serve(settings: Settings) -> None:
         app = build_app(Orchestrator(settings, dsn))
         api = servers.server(app, settings.host, settings.port, log_level=settings.log_level)
         servers.stop_on_signals(api)
+        servers.tune_gc()
         await api.serve()
 
 

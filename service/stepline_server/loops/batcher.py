@@ -3,8 +3,10 @@
 Each step costs a progress call, and committing each alone caps throughput at the database's
 commits per second. Calls queue here; a flush takes what has queued (one call per run, at most
 ``max_batch``) and commits it with one statement, while up to ``max_flushes`` flushes run at
-once. A lone call is flushed at once, so a quiet orchestrator adds no delay; under load the
-batches grow by themselves. A reply is sent only after its batch has committed.
+once. An invocation's answer comes here too: its last updates and its outcome (the run ended,
+suspended, or is to be invoked again) commit in the group's transaction. A lone call is flushed
+at once, so a quiet orchestrator adds no delay; under load the batches grow by themselves. A
+reply is sent only after its batch has committed.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import structlog
 
 from stepline_server.metrics import Metrics
 from stepline_server.store import dispatch
-from stepline_server.store.db import Pool, Record
+from stepline_server.store.db import Pool
 
 log = structlog.get_logger("stepline.batcher")
 
-Entry = tuple[dispatch.Progress, "asyncio.Future[Record | None]"]
+Entry = tuple[dispatch.Progress, "asyncio.Future[dispatch.Committed | None]"]
 
 
 class ProgressBatcher:
-    """Commits progress calls in groups; ``apply`` answers the run's row, None when stale."""
+    """Commits progress calls (and the outcomes of invocations that ended) in groups;
+    ``apply`` answers what was committed for the run, None when its token was stale."""
 
     def __init__(
         self,
@@ -42,23 +45,17 @@ class ProgressBatcher:
         self._flushing = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def apply(self, item: dispatch.Progress) -> Record | None:
-        """Commit ``item``; answer the run's progress row, None when its token is stale. A plan
-        that starts children or waits for events needs a transaction of its own."""
+    async def apply(self, item: dispatch.Progress) -> dispatch.Committed | None:
+        """Commit ``item``; None when its token is stale. A plan that starts children or waits
+        for events needs a transaction of its own."""
         if item.plan.needs_transaction:
             async with self.pool.acquire() as conn:
-                row = await dispatch.apply_plan(
-                    conn,
-                    item.run_id,
-                    item.token,
-                    item.invocation_id,
-                    item.plan,
-                    item.seq,
-                    item.extra_events,
-                )
+                done = await dispatch.apply_plan(conn, item)
             self.metrics.inc("stepline_progress_calls_total")
-            return row
-        future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
+            return done
+        future: asyncio.Future[dispatch.Committed | None] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._queue.append((item, future))
         self._kick()
         return await future
@@ -89,7 +86,7 @@ class ProgressBatcher:
         try:
             try:
                 async with self.pool.acquire() as conn:
-                    rows = await dispatch.apply_batch(conn, [item for item, _ in batch])
+                    rows = await dispatch.commit(conn, [item for item, _ in batch])
                 self.metrics.inc("stepline_progress_commits_total")
                 self.metrics.inc("stepline_progress_calls_total", by=len(batch))
                 for item, future in batch:
@@ -114,7 +111,7 @@ class ProgressBatcher:
         item, future = entry
         try:
             async with self.pool.acquire() as conn:
-                rows = await dispatch.apply_batch(conn, [item])
+                rows = await dispatch.commit(conn, [item])
             future.set_result(rows.get(item.run_id))
         except Exception as exc:
             future.set_exception(exc)

@@ -65,14 +65,27 @@ class Dispatcher:
             self.wakeup.clear()
             free = self.settings.max_inflight - len(self._inflight)
             claimed: list[Record] = []
+            steps: dict[uuid.UUID, list[Record]] = {}
             if free > 0:
                 async with self.pool.acquire() as conn:
                     claimed = await dispatch.claim(
                         conn, self.owner, self.settings.lease_seconds, free
                     )
+                    # Every claimed run's invocation starts in one statement (a run past its
+                    # time limit is not invoked: it ends).
+                    steps = await dispatch.begin_invocations(
+                        conn,
+                        [
+                            (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
+                            for row in claimed
+                            if not row["past_deadline"]
+                        ],
+                    )
                 for row in claimed:
                     self._inflight[row["id"]] = row["lease_token"]
-                    task = asyncio.create_task(self._handle(row), name=f"invoke-{row['id']}")
+                    task = asyncio.create_task(
+                        self._handle(row, steps.get(row["id"], [])), name=f"invoke-{row['id']}"
+                    )
                     self._tasks.add(task)
                     task.add_done_callback(self._done)
             if claimed and len(claimed) == free:
@@ -116,11 +129,11 @@ class Dispatcher:
                 # the invocation that freed the slot), goes now.
                 await dispatch.release_held(conn)
 
-    async def _handle(self, claim: Record) -> None:
+    async def _handle(self, claim: Record, steps: list[Record]) -> None:
         run_id: uuid.UUID = claim["id"]
         structlog.contextvars.bind_contextvars(run_id=str(run_id))
         try:
-            await self._invoke(claim)
+            await self._invoke(claim, steps)
         except Exception:
             log.exception("invocation_crashed")
         finally:
@@ -129,7 +142,9 @@ class Dispatcher:
                 await self._release_held()
             structlog.contextvars.unbind_contextvars("run_id")
 
-    async def _invoke(self, claim: Record) -> None:
+    async def _invoke(self, claim: Record, steps: list[Record]) -> None:
+        """Invoke the app for a claimed run whose invocation has begun (``steps`` as they are
+        now), and record how the invocation ended."""
         run_id: uuid.UUID = claim["id"]
         token: str = claim["lease_token"]
         invocation_id: uuid.UUID = claim["invocation_id"]
@@ -144,8 +159,6 @@ class Dispatcher:
             log.info("run_timed_out")
             return
         attempt = claim["invoke_attempts"] + 1
-        async with self.pool.acquire() as conn:
-            steps = await dispatch.begin_invocation(conn, run_id, invocation_id, attempt)
         if claim["app_url"] is None:
             return
         request = InvokeRequest(
@@ -204,15 +217,12 @@ class Dispatcher:
         plan: Plan,
         outcome: dispatch.Outcome,
     ) -> bool:
-        """Commit the last updates with the ``invocation.ended`` event (group-committed with
-        other runs' progress when they need no transaction), then the outcome."""
+        """Commit the last updates with the ``invocation.ended`` event and the outcome, in one
+        transaction (shared with other runs' progress when they need none of their own)."""
         ended = (dispatch.ended_event(outcome),)
-        progress = dispatch.Progress(run_id, token, invocation_id, plan, ended)
-        applied = await self.batcher.apply(progress)
-        if applied is None:
-            return False
-        async with self.pool.acquire() as conn:
-            return await dispatch.record_outcome(conn, run_id, token, outcome)
+        progress = dispatch.Progress(run_id, token, invocation_id, plan, ended, outcome=outcome)
+        done = await self.batcher.apply(progress)
+        return done is not None and done.recorded
 
     def _failure(
         self,

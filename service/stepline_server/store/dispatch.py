@@ -38,29 +38,30 @@ async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_secon
         await conn.execute(Q["heartbeat"], list(ids), list(tokens), lease_seconds)
 
 
-async def begin_invocation(
-    conn: Conn, run_id: uuid.UUID, invocation_id: uuid.UUID, attempt: int
-) -> list[Record]:
-    """Settle timers and timeouts that have come due, record the start, return the steps."""
-    return list(await conn.fetch(Q["begin_invocation"], run_id, invocation_id, attempt))
+async def begin_invocations(
+    conn: Conn, starts: list[tuple[uuid.UUID, uuid.UUID, int]]
+) -> dict[uuid.UUID, list[Record]]:
+    """For each (run, invocation, attempt) just claimed: settle the timers and timeouts that
+    have come due and record the invocation starting; answer each run's steps (a run with none
+    is missing from the answer)."""
+    if not starts:
+        return {}
+    ids, invocations, attempts = (list(column) for column in zip(*starts, strict=True))
+    steps: dict[uuid.UUID, list[Record]] = {}
+    for row in await conn.fetch(Q["begin_invocations"], ids, invocations, attempts):
+        steps.setdefault(row["run_id"], []).append(row)
+    return steps
 
 
-async def apply_plan(
-    conn: Conn,
-    run_id: uuid.UUID,
-    token: str,
-    invocation_id: uuid.UUID,
-    plan: Plan,
-    seq: int = 0,
-    extra_events: tuple[dict[str, Any], ...] = (),
-) -> Record | None:
-    """Commit a batch of step changes for the lease holder (and ``extra_events`` after their
-    events), with the children and event waits it starts; the run's progress row (as
-    :func:`apply_batch` answers it), None when the token is stale."""
-    if plan.needs_transaction:
-        async with conn.transaction():
-            return await _apply(conn, run_id, token, invocation_id, plan, extra_events, seq=seq)
-    return await _apply(conn, run_id, token, invocation_id, plan, extra_events, seq=seq)
+async def apply_plan(conn: Conn, item: Progress) -> Committed | None:
+    """Commit one invocation's step changes for the lease holder, with the children and event
+    waits they start and, when the item ends the invocation, its outcome, in one transaction;
+    None when the token is stale."""
+    async with conn.transaction():
+        row = await _apply(conn, item)
+        if row is None:
+            return None
+        return Committed(row, await _record(conn, item))
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,38 @@ class Progress:
     plan: Plan
     extra_events: tuple[dict[str, Any], ...] = ()
     seq: int = 0  # the SDK's number for this call; 0 for the invocation's answer
+    outcome: Outcome | None = None  # set when the invocation ended: record it too
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a commit answers for one run: its progress row, and whether the item's outcome
+    was recorded (False when it had none, or the lease was lost before it)."""
+
+    row: Record
+    recorded: bool = False
+
+
+async def commit(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Committed]:
+    """Commit several runs' progress and the outcomes of the invocations that ended: one
+    statement when none ended, else one transaction. A run missing from the answer had a stale
+    token. Plans that need a transaction of their own go to :func:`apply_plan`."""
+    if not any(item.outcome for item in items):
+        return {run_id: Committed(row) for run_id, row in (await apply_batch(conn, items)).items()}
+    async with conn.transaction():
+        rows = await apply_batch(conn, items)
+        done: dict[uuid.UUID, Committed] = {}
+        for item in items:
+            row = rows.get(item.run_id)
+            if row is not None:
+                done[item.run_id] = Committed(row, await _record(conn, item))
+        return done
+
+
+async def _record(conn: Conn, item: Progress) -> bool:
+    if item.outcome is None:
+        return False
+    return await record_outcome(conn, item.run_id, item.token, item.outcome)
 
 
 async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
@@ -101,20 +134,10 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
     return {row["id"]: row for row in rows}
 
 
-async def _apply(
-    conn: Conn,
-    run_id: uuid.UUID,
-    token: str,
-    invocation_id: uuid.UUID,
-    plan: Plan,
-    extra_events: tuple[dict[str, Any], ...] = (),
-    *,
-    seq: int = 0,
-) -> Record | None:
+async def _apply(conn: Conn, item: Progress) -> Record | None:
+    plan, run_id = item.plan, item.run_id
     since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
-    item = Progress(run_id, token, invocation_id, plan, extra_events, seq)
-    done = await apply_batch(conn, [item])
-    row = done.get(run_id)
+    row = (await apply_batch(conn, [item])).get(run_id)
     if row is None:
         return None
     project_id = row["project_id"]
@@ -269,13 +292,12 @@ def ended_event(outcome: Outcome) -> dict[str, Any]:
 
 
 async def record_outcome(conn: Conn, run_id: uuid.UUID, token: str, outcome: Outcome) -> bool:
-    """After the invocation's last updates are committed: end the run, suspend it, or schedule
-    the invocation's retry. False when the lease was lost in between (the next invocation
-    replays what was committed, so nothing is lost)."""
+    """After the invocation's last updates, in their transaction: end the run, suspend it, or
+    schedule the invocation's retry. False when the lease was lost (the next invocation replays
+    what was committed, so nothing is lost)."""
     if outcome.status in ("completed", "failed", "cancelled"):
         status = rules.RunStatus(outcome.status)
-        async with conn.transaction():
-            return await end_run(conn, run_id, token, status, outcome.output, outcome.error)
+        return await end_run(conn, run_id, token, status, outcome.output, outcome.error)
     if outcome.status == "suspended":
         return await conn.fetchrow(Q["suspend"], run_id, token) is not None
     if outcome.status == "error":

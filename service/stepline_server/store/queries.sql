@@ -201,56 +201,71 @@ UPDATE runs r SET ready_at = now() + make_interval(secs => $3::double precision)
 FROM unnest($1::uuid[], $2::text[]) AS h(id, token)
 WHERE r.id = h.id AND r.lease_token = h.token;
 
--- name: begin_invocation
--- Settles what came due (sleeps complete; event waits past their timeout complete with null;
--- callbacks past theirs fail as timed out), records invocation $2 (attempt $3) starting, and
--- returns the run's steps as they are now, in the order they were first recorded.
-WITH resolved AS (
+-- name: begin_invocations
+-- For each claimed run ($1 ids, $2 invocation ids, $3 attempts): settles what came due (sleeps
+-- complete; event waits past their timeout complete with null; callbacks past theirs fail as
+-- timed out) and records its invocation starting. Returns the steps of every run as they are
+-- now, by run, in the order they were first recorded.
+WITH q AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::integer[]) AS q(run_id, invocation_id, attempt)
+),
+resolved AS (
     UPDATE steps SET
         status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
         error = CASE WHEN kind = 'callback'
             THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
         ended_at = now()
-    WHERE run_id = $1
-      AND ((status = 'sleeping' AND wake_at <= now())
-           OR (status = 'waiting' AND kind IN ('event', 'callback') AND timeout_at <= now()))
-    RETURNING name, kind, callback_id, status, error
+    FROM q
+    WHERE steps.run_id = q.run_id
+      AND ((steps.status = 'sleeping' AND steps.wake_at <= now())
+           OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
+               AND steps.timeout_at <= now()))
+    RETURNING steps.run_id, steps.name, steps.kind, steps.callback_id, steps.status, steps.error
 ),
 timed_out AS (
     UPDATE callbacks c SET status = 'timedOut', completed_at = now()
     FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
 ),
 evs AS (
-    SELECT row_number() OVER (ORDER BY k, name) AS ord, type, name, data FROM (
-        SELECT 0 AS k, CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END
-                   AS type, name,
+    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, name) AS ord, type, name,
+           invocation_id, data
+    FROM (
+        SELECT run_id, 0 AS k,
+               CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END AS type,
+               name, NULL::uuid AS invocation_id,
                CASE WHEN kind = 'sleep' THEN jsonb_build_object('kind', kind)
                     ELSE jsonb_build_object('kind', kind, 'timedOut', true) END AS data
         FROM resolved
         UNION ALL
-        SELECT 1, 'invocation.started', NULL, jsonb_build_object('attempt', $3::integer)
+        SELECT run_id, 1, 'invocation.started', NULL, invocation_id,
+               jsonb_build_object('attempt', attempt)
+        FROM q
     ) x
 ),
+counts AS (
+    SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
+),
 r AS (
-    UPDATE runs SET next_seq = next_seq + (SELECT count(*) FROM evs) WHERE id = $1
-    RETURNING project_id, next_seq - (SELECT count(*) FROM evs) AS base
+    UPDATE runs SET next_seq = runs.next_seq + counts.n
+    FROM counts WHERE runs.id = counts.run_id
+    RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
 ),
 history AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
-    SELECT $1, r.base + evs.ord - 1, r.project_id, evs.type, evs.name,
-           CASE WHEN evs.type = 'invocation.started' THEN $2::uuid END, evs.data
-    FROM r, evs
+    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.invocation_id,
+           evs.data
+    FROM r JOIN evs ON evs.run_id = r.id
 )
 -- The steps as read before this statement, with what it just settled laid over them.
-SELECT s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position, s.attempt,
-       s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
+SELECT s.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
+       s.attempt, s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
        s.child_run_id,
        CASE WHEN rv.kind = 'callback' THEN 'timedOut' ELSE c.status END AS callback_status
-FROM steps s
-LEFT JOIN resolved rv ON rv.name = s.name
+FROM q
+JOIN steps s ON s.run_id = q.run_id
+LEFT JOIN resolved rv ON rv.run_id = s.run_id AND rv.name = s.name
 LEFT JOIN callbacks c ON c.id = s.callback_id
-WHERE s.run_id = $1
-ORDER BY s.position;
+ORDER BY s.run_id, s.position;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
