@@ -15,7 +15,7 @@ async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid
     app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
     await apps.record_sync(conn, app, [("wf", {})], None)
     for _ in range(n):
-        new = runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, app["id"], "wf", None, {})
+        new = runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", None)
         await runs.insert(conn, new)
     claimed = await dispatch.claim(conn, "test", 60, n)
     return [(r["id"], r["lease_token"], r["invocation_id"]) for r in claimed]

@@ -57,21 +57,18 @@ async def start_run(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, RunStart)
     o = orch(request)
+    new = runs.NewRun(
+        id=uuid.uuid4(),
+        project_id=pid,
+        workflow=body.workflow,
+        input=body.input,
+        run_key=body.run_key,
+    )
     async with o.pool.acquire() as conn:
-        wf = await apps.workflow(conn, pid, body.workflow)
-        if wf is None:
-            raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
-        new = runs.NewRun(
-            id=uuid.uuid4(),
-            project_id=pid,
-            app_id=wf["app_id"],
-            workflow=body.workflow,
-            input=body.input,
-            options=wf["options"],
-            run_key=body.run_key,
-        )
         row = await runs.insert(conn, new)
         if row is None:
+            if await apps.workflow(conn, pid, body.workflow) is None:
+                raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
             assert body.run_key is not None
             existing = await runs.by_key(conn, pid, body.run_key)
             if existing is None:  # deleted in between: try once more
@@ -87,7 +84,7 @@ async def start_run(request: Request) -> Response:
         assert row is not None
         o.dispatcher.wake()
         o.metrics.inc("stepline_runs_started_total")
-        return json_response(serialize.run(row, wf["app_slug"], []), 201)
+        return json_response(serialize.run(row, row["app_slug"], []), 201)
 
 
 async def get_run(request: Request) -> Response:

@@ -62,22 +62,30 @@ SELECT w.*, a.url AS app_url, a.slug AS app_slug FROM workflows w JOIN apps a ON
 WHERE w.project_id = $1 AND w.name = $2;
 
 -- name: insert_run
--- Creates a run due now with its run.started event (data $14) and wakes the dispatchers; no
--- row when the id or the run key exists.
-WITH r AS (
+-- Creates a run of workflow $3 (its app and options as last synced) due now, with its
+-- run.started event (data $11), and wakes the dispatchers; no row when the workflow is not
+-- registered or the id or the run key exists.
+WITH w AS (
+    SELECT w.app_id, w.options, a.slug FROM workflows w JOIN apps a ON a.id = w.app_id
+    WHERE w.project_id = $2 AND w.name = $3
+),
+r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-            now() + make_interval(secs => $13::double precision / 1000), now(), 2)
+    SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
+           $9::timestamptz, $10::text, w.options,
+           now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
+           now(), 2
+    FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
 ),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, data)
-    SELECT id, 1, project_id, 'run.started', $14::jsonb FROM r
+    SELECT id, 1, project_id, 'run.started', $11::jsonb FROM r
 )
-SELECT r.*, pg_notify('stepline_wake', '') FROM r;
+SELECT r.*, (SELECT slug FROM w) AS app_slug, pg_notify('stepline_wake', '') FROM r;
 
 -- name: get_run_by_key
 SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id

@@ -16,10 +16,8 @@ class NewRun:
 
     id: uuid.UUID
     project_id: uuid.UUID
-    app_id: uuid.UUID
     workflow: str
     input: Any
-    options: dict[str, Any]
     run_key: str | None = None
     parent_run_id: uuid.UUID | None = None
     parent_step: str | None = None
@@ -29,12 +27,13 @@ class NewRun:
 
 
 async def insert(conn: Conn, run: NewRun) -> Record | None:
-    """Create the run with its ``run.started`` event; None when its id or run key exists."""
+    """Create the run (its app and options from its workflow) with its ``run.started`` event;
+    the row has its app's slug. None when the workflow is not registered, or the run's id or
+    run key exists."""
     return await conn.fetchrow(
         Q["insert_run"],
         run.id,
         run.project_id,
-        run.app_id,
         run.workflow,
         run.input,
         run.run_key,
@@ -43,8 +42,6 @@ async def insert(conn: Conn, run: NewRun) -> Record | None:
         run.schedule_id,
         run.scheduled_at,
         run.trigger,
-        run.options,
-        run.options.get("timeoutMs"),
         {"trigger": run.trigger},
     )
 

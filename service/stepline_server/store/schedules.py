@@ -367,10 +367,8 @@ def _new_run(
     return runs.NewRun(
         id=run_id,
         project_id=sched["project_id"],
-        app_id=wf["app_id"],
         workflow=sched["workflow"],
         input=sched["input"],
-        options=wf["options"],
         schedule_id=sched["id"],
         scheduled_at=at,
         trigger=trigger,
