@@ -293,6 +293,16 @@ class Tree:
         self.keep = keep
         self._known: dict[int, psutil.Process] = {}
         self._kept: dict[int, bool] = {}
+        self._cached: tuple[float, list[psutil.Process]] = (0.0, [])
+
+    def _recent_members(self) -> list[psutil.Process]:
+        """The members as found at most a second ago: finding them scans every process, which
+        would cost this process (and the machine) more than the sampling itself."""
+        at, members = self._cached
+        if time.monotonic() - at > 1.0:
+            members = self._members()
+            self._cached = (time.monotonic(), members)
+        return members
 
     def _members(self) -> list[psutil.Process]:
         if not self.children:
@@ -329,7 +339,7 @@ class Tree:
 
     def rss(self) -> int:
         total = 0
-        for i, proc in enumerate(self._members()):
+        for i, proc in enumerate(self._recent_members()):
             with contextlib.suppress(psutil.Error):
                 mem = proc.memory_info()
                 total += mem.rss if i == 0 else max(0, mem.rss - getattr(mem, "shared", 0))

@@ -24,6 +24,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def read_body(receive: Any) -> bytes:
+    """The whole body of an ASGI request."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 @contextlib.asynccontextmanager
 async def serve(app: Any, port: int | None = None) -> AsyncIterator[str]:
     """Serve an ASGI app with uvicorn on 127.0.0.1; yields its base URL."""

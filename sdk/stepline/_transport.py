@@ -15,7 +15,7 @@ from typing import Protocol
 import httpx
 import pydantic
 
-from stepline import _http, _json, protocol
+from stepline import _http, protocol
 
 logger = logging.getLogger("stepline")
 
@@ -88,10 +88,11 @@ class Transport:
         """POST the updates; retry transient failures (the same ``seq``, so the orchestrator
         applies them once); raise on a stale or lost orchestrator."""
         url = f"{request.api_url.rstrip('/')}/v1/invocations/{request.invocation_id}/progress"
-        body = protocol.dump(
-            protocol.ProgressRequest(runId=request.run_id, updates=updates, seq=seq)
+        # The updates were validated when made: serialise them straight to JSON.
+        body = protocol.ProgressRequest.model_construct(
+            run_id=request.run_id, updates=updates, seq=seq
         )
-        content = _json.dumps(body)
+        content = body.model_dump_json(by_alias=True, exclude_none=True).encode()
         headers = {
             "Authorization": f"Bearer {request.token}",
             "Content-Type": "application/json",
@@ -114,7 +115,7 @@ class Transport:
             if status != 200:
                 raise OrchestratorUnavailable(f"progress call refused with HTTP {status}: {text}")
             try:
-                return protocol.ProgressResponse.model_validate(_json.loads(answer))
+                return protocol.ProgressResponse.model_validate_json(answer)
             except (ValueError, pydantic.ValidationError) as exc:
                 raise OrchestratorUnavailable(f"progress answer is not valid: {exc}") from None
         logger.warning(

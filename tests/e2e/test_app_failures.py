@@ -13,7 +13,7 @@ import pytest
 import stepline
 from stepline import protocol
 from stepline_server.store import apps, keys
-from tests.support import orchestrator_stack, serve
+from tests.support import orchestrator_stack, read_body, serve
 
 SECRET = "failing-app"
 
@@ -32,12 +32,7 @@ def failing_app(mode: str, calls: Counter[str]) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         kind = json.loads(body)["kind"]
         calls[kind] += 1
         status, answer = 200, json.dumps(protocol.dump(describe)).encode()

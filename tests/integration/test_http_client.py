@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepline._http import HttpClient, HttpError
-from tests.support import free_port, serve
+from tests.support import free_port, read_body, serve
 
 Scope = dict[str, Any]
 
@@ -16,12 +16,7 @@ Scope = dict[str, Any]
 async def app(scope: Scope, receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     path = scope["path"]
     if path == "/redirect":
         await send(

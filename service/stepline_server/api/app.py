@@ -22,9 +22,13 @@ from stepline_server.api.errors import (
     handle_http_exception,
     handle_unexpected,
 )
+from stepline_server.api.routes_protocol import ProgressFastPath
 from stepline_server.orchestrator import Orchestrator
 
+# Starlette tries routes in order: the SDK's progress call, made once per step, comes first
+# (ProgressFastPath answers it before Starlette when the app is built by build_app).
 ROUTES: list[BaseRoute] = [
+    Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", health.metrics, methods=["GET"]),
@@ -47,7 +51,6 @@ ROUTES: list[BaseRoute] = [
         "/v1/callbacks/{callbackId}/{signature}", waits.complete_signed_callback, methods=["POST"]
     ),
     Route("/v1/events", waits.send_event, methods=["POST"]),
-    Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
     Route("/v1/schedules", schedules.create_schedule, methods=["POST"]),
     Route("/v1/schedules", schedules.list_schedules, methods=["GET"]),
     Route("/v1/schedules/{scheduleId}", schedules.get_schedule, methods=["GET"]),
@@ -69,7 +72,7 @@ def route_table() -> list[tuple[str, set[str]]]:
     return table
 
 
-def build_app(orchestrator: Orchestrator) -> Starlette:
+def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
     """The orchestrator's ASGI app; its lifespan starts and stops ``orchestrator``."""
 
     @asynccontextmanager
@@ -82,7 +85,7 @@ def build_app(orchestrator: Orchestrator) -> Starlette:
         finally:
             await orchestrator.stop()
 
-    return Starlette(
+    app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={
@@ -91,3 +94,4 @@ def build_app(orchestrator: Orchestrator) -> Starlette:
             Exception: handle_unexpected,
         },
     )
+    return ProgressFastPath(app, app.state)

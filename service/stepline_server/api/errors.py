@@ -83,11 +83,16 @@ def from_validation(exc: ValidationError) -> ValidationFailed:
     return ValidationFailed(f"invalid fields: {names}", {"fields": fields})
 
 
-def error_response(exc: ApiError) -> Response:
+def error_body(exc: ApiError) -> dict[str, Any]:
+    """API.md's error shape: ``{"error": {code, message, details?}}``."""
     body: dict[str, Any] = {"code": exc.code, "message": exc.message}
     if exc.details:
         body["details"] = exc.details
-    return json_response({"error": body}, exc.status)
+    return {"error": body}
+
+
+def error_response(exc: ApiError) -> Response:
+    return json_response(error_body(exc), exc.status)
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:

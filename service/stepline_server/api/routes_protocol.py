@@ -1,38 +1,78 @@
 """The SDK's side channel: step progress committed while an invocation runs.
 
-The answer has :class:`stepline.protocol.ProgressResponse`'s shape.
+The answer has :class:`stepline.protocol.ProgressResponse`'s shape. The call is made once per
+step, so :class:`ProgressFastPath` answers it ahead of Starlette's routing and request objects;
+the route in ``app.py`` (the same :func:`commit_progress`) serves it when the app is mounted
+without the wrapper.
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING, Any
 
+import orjson
+import structlog
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.protocol import ProgressRequest
-from stepline_server.api.context import orch, path_uuid
-from stepline_server.api.errors import StaleInvocation, Unauthorized, ValidationFailed
-from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.context import orch
+from stepline_server.api.errors import (
+    ApiError,
+    InvalidJson,
+    NotFound,
+    PayloadTooLarge,
+    StaleInvocation,
+    Unauthorized,
+    ValidationFailed,
+    error_body,
+    from_validation,
+)
+from stepline_server.api.responses import json_response
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
 from stepline_server.store import dispatch
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from stepline_server.orchestrator import Orchestrator
+
+log = structlog.get_logger("stepline.api")
 
 MAX_PROGRESS_BODY = 16 * 1024 * 1024
 
 
-async def progress(request: Request) -> Response:
-    invocation_id = path_uuid(request, "invocationId", "invocation")
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("send the invocation's token as 'Authorization: Bearer <token>'")
-    body = await read_model(request, ProgressRequest, MAX_PROGRESS_BODY)
+async def commit_progress(
+    o: Orchestrator, invocation: str, authorization: str, raw: bytes
+) -> dict[str, Any]:
+    """Commit a progress call (``raw``, its body) for the invocation holding the run."""
     try:
-        run_id = uuid.UUID(body.run_id)
-        plan = plan_updates(body.run_id, body.updates)
+        invocation_id = uuid.UUID(invocation)
+    except ValueError:
+        raise NotFound(f"no invocation with id {invocation!r}") from None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send the invocation's token as 'Authorization: Bearer <token>'")
+    if not raw.strip():
+        raise InvalidJson("the request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJson(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValidationFailed("the request body must be a JSON object")
+    try:
+        call = ProgressRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+    try:
+        run_id = uuid.UUID(call.run_id)
+        plan = plan_updates(call.run_id, call.updates)
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
-    o = orch(request)
-    item = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=body.seq)
+    item = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=call.seq)
     done = await o.batcher.apply(item)
     if done is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
@@ -40,4 +80,74 @@ async def progress(request: Request) -> Response:
     callbacks = {
         name: {"id": cid, "url": o.signer.url(base, cid)} for cid, name, _ in plan.callbacks
     }
-    return json_response({"cancelRequested": done.row["cancel_requested"], "callbacks": callbacks})
+    return {"cancelRequested": done.row["cancel_requested"], "callbacks": callbacks}
+
+
+async def progress(request: Request) -> Response:
+    raw = await _read_body(request.receive, request.headers.get("content-length"))
+    invocation = request.path_params["invocationId"]
+    authorization = request.headers.get("authorization", "")
+    return json_response(await commit_progress(orch(request), invocation, authorization, raw))
+
+
+class ProgressFastPath:
+    """ASGI wrapper: ``POST /v1/invocations/{id}/progress`` is answered here, everything else
+    by ``app`` (whose lifespan sets ``state.orchestrator``)."""
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            parts = scope["path"].split("/")
+            if len(parts) == 5 and parts[1:3] == ["v1", "invocations"] and parts[4] == "progress":
+                await self._progress(scope, receive, send, parts[3])
+                return
+        await self.app(scope, receive, send)
+
+    async def _progress(self, scope: Scope, receive: Receive, send: Send, invocation: str) -> None:
+        status = 200
+        headers = dict(scope["headers"])
+        try:
+            raw = await _read_body(receive, headers.get(b"content-length", b"").decode())
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
+            answer = await commit_progress(self.state.orchestrator, invocation, authorization, raw)
+        except ApiError as exc:
+            status, answer = exc.status, error_body(exc)
+        except Exception:
+            log.exception("request_failed", path=scope["path"])
+            status, answer = 500, error_body(ApiError())
+        content = orjson.dumps(answer)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(content)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": content})
+
+
+async def _read_body(receive: Receive, declared: str | None) -> bytes:
+    """The whole body, refused past ``MAX_PROGRESS_BODY`` (``declared``: its Content-Length)."""
+    too_large = PayloadTooLarge(f"the request body is larger than {MAX_PROGRESS_BODY} bytes")
+    if declared and declared.isdigit() and int(declared) > MAX_PROGRESS_BODY:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_PROGRESS_BODY:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)

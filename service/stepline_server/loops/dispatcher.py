@@ -95,6 +95,8 @@ class Dispatcher:
 
     async def _wait(self) -> None:
         timeout = self.settings.poll_seconds
+        if self.wakeup.is_set():
+            return  # something happened while claiming: look again at once
         if len(self._inflight) < self.settings.max_inflight:
             async with self.pool.acquire() as conn:
                 due_in = await dispatch.next_due_in(conn)

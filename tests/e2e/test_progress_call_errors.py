@@ -1,0 +1,44 @@
+"""The progress call's refusals, answered ahead of Starlette's routing: API.md's error shape
+for each, and nothing written."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from tests.support import orchestrator_stack
+
+
+async def test_bad_progress_calls_get_clear_json_errors(database_url: str) -> None:
+    async with orchestrator_stack(database_url) as stack:
+        path = f"/v1/invocations/{uuid.uuid4()}/progress"
+        auth = {"authorization": "Bearer some-token"}
+        good = {"runId": str(uuid.uuid4()), "updates": []}
+        async with httpx.AsyncClient(base_url=stack.url) as http:
+            cases = [
+                (await http.post("/v1/invocations/nope/progress", json=good, headers=auth), 404,
+                 "not_found"),
+                (await http.post(path, json=good), 401, "unauthorized"),
+                (await http.post(path, content=b"{not json", headers=auth), 400, "invalid_json"),
+                (await http.post(path, content=b"", headers=auth), 400, "invalid_json"),
+                (await http.post(path, json=[1, 2], headers=auth), 422, "validation_failed"),
+                (await http.post(path, json={"runId": "r", "updates": [{"name": "x"}]},
+                                 headers=auth), 422, "validation_failed"),
+                (await http.post(path, json={**good, "runId": "not-a-uuid"}, headers=auth), 422,
+                 "validation_failed"),
+                (await http.post(path, json=good, headers=auth), 409, "stale_invocation"),
+                (await http.post(path, content=b" " * (16 * 1024 * 1024 + 1), headers=auth), 413,
+                 "payload_too_large"),
+                (await http.get(path, headers=auth), 405, "method_not_allowed"),
+            ]  # fmt: skip
+            for answer, status, code in cases:
+                assert answer.status_code == status, answer.text
+                assert answer.headers["content-type"] == "application/json"
+                assert answer.json()["error"]["code"] == code
+                assert answer.json()["error"]["message"]
+            fields = cases[5][0].json()["error"]["details"]["fields"]
+            assert any("kind" in f for f in fields)
+        # The orchestrator is still healthy, and nothing was written.
+        page = await stack.client.list_runs()
+        assert page["runs"] == []
