@@ -64,15 +64,18 @@ async def start_run(request: Request) -> Response:
         input=body.input,
         run_key=body.run_key,
     )
+    # This orchestrator's dispatcher takes the run at once; the others hear of it only when it
+    # has no room for more.
+    notify = o.dispatcher.tell_others()
     async with o.pool.acquire() as conn:
-        row = await runs.insert(conn, new)
+        row = await runs.insert(conn, new, notify=notify)
         if row is None:
             if await apps.workflow(conn, pid, body.workflow) is None:
                 raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
             assert body.run_key is not None
             existing = await runs.by_key(conn, pid, body.run_key)
             if existing is None:  # deleted in between: try once more
-                row = await runs.insert(conn, new)
+                row = await runs.insert(conn, new, notify=notify)
             elif existing["workflow"] == body.workflow and existing["input"] == body.input:
                 return json_response(await run_json(conn, existing), 200)
             else:

@@ -36,7 +36,9 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
     o = orch(request)
     body = await read_json(request)
     async with o.pool.acquire() as conn:
-        row, completed = await waits.complete_callback(conn, cid, pid, body)
+        row, completed = await waits.complete_callback(
+            conn, cid, pid, body, notify=o.dispatcher.tell_others()
+        )
     if row is None:
         raise NotFound(f"no callback with id {cid}")
     if not completed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from typing import Any
 
@@ -48,12 +49,25 @@ class Dispatcher:
         self.owner = owner
         self.wakeup = asyncio.Event()
         self._inflight: dict[uuid.UUID, str] = {}
+        self._told = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def inflight(self) -> int:
         """Invocations running now."""
         return len(self._inflight)
+
+    def tell_others(self) -> bool:
+        """Whether new due work should wake the other orchestrators too (a NOTIFY, which
+        PostgreSQL serialises at commit): only when this dispatcher has no room for it, and at
+        most every 50 ms (one wake-up has a dispatcher claim all it has room for)."""
+        if len(self._inflight) < self.settings.max_inflight:
+            return False
+        now = time.monotonic()
+        if now - self._told < 0.05:
+            return False
+        self._told = now
+        return True
 
     def wake(self) -> None:
         """Look for due work now (a NOTIFY arrived or a run was started here)."""

@@ -63,8 +63,8 @@ WHERE w.project_id = $1 AND w.name = $2;
 
 -- name: insert_run
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
--- run.started event (data $11), and wakes the dispatchers; no row when the workflow is not
--- registered or the id or the run key exists.
+-- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
+-- the workflow is not registered or the id or the run key exists.
 WITH w AS (
     SELECT w.app_id, w.options, a.slug FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
@@ -85,7 +85,9 @@ e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, data)
     SELECT id, 1, project_id, 'run.started', $11::jsonb FROM r
 )
-SELECT r.*, (SELECT slug FROM w) AS app_slug, pg_notify('stepline_wake', '') FROM r;
+SELECT r.*, (SELECT slug FROM w) AS app_slug,
+       CASE WHEN $12::boolean THEN pg_notify('stepline_wake', '') END
+FROM r;
 
 -- name: get_run_by_key
 SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
@@ -497,7 +499,8 @@ SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
 
 -- name: complete_callback
 -- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
--- the history says so, and the run wakes (now, or right after its active invocation).
+-- the history says so, and the run wakes (now, or right after its active invocation), with
+-- every orchestrator's dispatcher when $4.
 WITH c AS (
     UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
     WHERE id = $1 AND status = 'pending' AND ($3::uuid IS NULL OR project_id = $3)
@@ -523,7 +526,7 @@ e AS (
     FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
                        (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
 )
-SELECT c.*, pg_notify('stepline_wake', '') FROM c;
+SELECT c.*, CASE WHEN $4::boolean THEN pg_notify('stepline_wake', '') END FROM c;
 
 -- name: insert_event
 INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4);

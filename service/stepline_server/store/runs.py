@@ -26,10 +26,11 @@ class NewRun:
     trigger: str = "api"
 
 
-async def insert(conn: Conn, run: NewRun) -> Record | None:
+async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | None:
     """Create the run (its app and options from its workflow) with its ``run.started`` event;
     the row has its app's slug. None when the workflow is not registered, or the run's id or
-    run key exists."""
+    run key exists. ``notify``: wake every orchestrator's dispatcher (a NOTIFY, which
+    PostgreSQL serialises at commit), not needed when the caller's own dispatcher takes it."""
     return await conn.fetchrow(
         Q["insert_run"],
         run.id,
@@ -43,6 +44,7 @@ async def insert(conn: Conn, run: NewRun) -> Record | None:
         run.scheduled_at,
         run.trigger,
         {"trigger": run.trigger},
+        notify,
     )
 
 

@@ -18,11 +18,17 @@ async def get_callback(
 
 
 async def complete_callback(
-    conn: Conn, callback_id: uuid.UUID, project_id: uuid.UUID | None, body: Any
+    conn: Conn,
+    callback_id: uuid.UUID,
+    project_id: uuid.UUID | None,
+    body: Any,
+    *,
+    notify: bool = True,
 ) -> tuple[Record | None, bool]:
     """Complete a pending callback with ``body``: (the callback, whether this call completed it).
-    The callback is None when it does not exist (in ``project_id``, when given)."""
-    row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id)
+    The callback is None when it does not exist (in ``project_id``, when given). ``notify``:
+    wake every orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says."""
+    row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
     if row is not None:
         return row, True
     return await get_callback(conn, callback_id, project_id), False
