@@ -60,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level", default=d.log_level, help=f"the orchestrator's log level [{d.log_level}]"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help=f"orchestrator processes (stepline serve --workers) [{d.workers}]",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     return p
 
@@ -87,6 +93,7 @@ def config_from(args: argparse.Namespace) -> Config:
     config.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     config.database_url = args.database_url
     config.log_level = args.log_level
+    config.workers = max(1, args.workers)
     config.keep_logs = args.keep_logs
     return config
 

@@ -111,7 +111,8 @@ def header_text(meta: JSON) -> str:
     return (
         f"stepline bench — {meta.get('date')} — commit {meta.get('commit')} — "
         f"{m.get('cpus')} CPUs, {m.get('memory_gib')} GiB, Python {m.get('python')}, "
-        f"PostgreSQL {db.get('version')} ({db.get('kind')})"
+        f"PostgreSQL {db.get('version')} ({db.get('kind')}) — "
+        f"{(meta.get('config') or {}).get('workers', 1)} orchestrator worker(s)"
     )
 
 
@@ -119,7 +120,7 @@ def footer_text() -> str:
     return (
         "runs: completed/attempted; latency: endedAt - createdAt of each run (server clock); "
         "cpu: CPU seconds during the workload; MB: peak RSS (pg: postmaster + private memory of "
-        "its processes); gen: this load generator"
+        "its processes; orch: every worker); gen: this load generator"
     )
 
 

@@ -44,6 +44,7 @@ class Config:
     timeout: float = 600.0
     database_url: str | None = None
     log_level: str = "info"
+    workers: int = 1
     keep_logs: bool = False
 
 
@@ -132,6 +133,7 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
         STEPLINE_HOST="127.0.0.1",
         STEPLINE_PORT=str(orch_port),
         STEPLINE_LOG_LEVEL=config.log_level,
+        STEPLINE_WORKERS=str(config.workers),
         STEPLINE_DATA_DIR=str(log_dir / "data"),
     )
     orch = Service(
@@ -167,7 +169,7 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
             await app.wait_ready("/stats")
             await api.sync_app(created["slug"])
             say(f"orchestrator pid {orch.pid} on {orch.url}; app pid {app.pid} on {app_base}")
-            monitor.add("orchestrator", orch.pid)
+            monitor.add("orchestrator", orch.pid, children=config.workers > 1)
             monitor.add("app", app.pid)
             if db.postmaster_pid is not None:
                 # A shared server: count its auxiliary processes and our database's backends.

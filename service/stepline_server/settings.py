@@ -18,6 +18,7 @@ class Settings:
     data_dir: Path = Path(".stepline")
     log_level: str = "info"
     public_url: str | None = None
+    workers: int = 1  # orchestrator processes sharing the port (``stepline serve``)
     # The run loop.
     lease_seconds: float = 20.0
     invoke_timeout_seconds: float = 300.0
@@ -53,6 +54,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         data_dir=Path(e.get("STEPLINE_DATA_DIR", str(s.data_dir))),
         log_level=e.get("STEPLINE_LOG_LEVEL", s.log_level).lower(),
         public_url=e.get("STEPLINE_PUBLIC_URL") or None,
+        workers=max(1, int(e.get("STEPLINE_WORKERS", s.workers))),
         lease_seconds=float(e.get("STEPLINE_LEASE_SECONDS", s.lease_seconds)),
         invoke_timeout_seconds=float(e.get("STEPLINE_INVOKE_TIMEOUT", s.invoke_timeout_seconds)),
         max_inflight=int(e.get("STEPLINE_MAX_INFLIGHT", s.max_inflight)),

@@ -33,7 +33,7 @@ async def database(settings: Settings) -> AsyncIterator[tuple[str, str]]:
 
 async def _serve(settings: Settings) -> None:
     from stepline_server.api.app import build_app
-    from stepline_server.cli import servers
+    from stepline_server.cli import servers, workers
     from stepline_server.orchestrator import Orchestrator
 
     async with database(settings) as (dsn, _):
@@ -41,7 +41,24 @@ async def _serve(settings: Settings) -> None:
         api = servers.server(app, settings.host, settings.port, log_level=settings.log_level)
         servers.stop_on_signals(api)
         servers.tune_gc()
-        await api.serve()
+        sock = workers.inherited()
+        if sock is None and settings.workers > 1:
+            conn = await db.connect(dsn)  # once, before the workers start together
+            try:
+                await apply_migrations(conn)
+            finally:
+                await conn.close()
+            sock = workers.bind(settings.host, settings.port)
+            children = workers.Children(settings.workers - 1, sock, dsn)
+            children.start()
+            keeper = asyncio.create_task(children.keep())
+            try:
+                await api.serve(sockets=[sock])
+            finally:
+                keeper.cancel()
+                await children.stop()
+            return
+        await api.serve(sockets=[sock] if sock is not None else None)
 
 
 async def _migrate(settings: Settings) -> None:
@@ -82,13 +99,16 @@ def parser() -> argparse.ArgumentParser:
         prog="stepline",
         description="Stepline: durable workflows for Python web apps, on PostgreSQL.",
         epilog="Environment: DATABASE_URL (unset: embedded PostgreSQL in STEPLINE_DATA_DIR), "
-        "STEPLINE_HOST, STEPLINE_PORT, STEPLINE_DATA_DIR, STEPLINE_LOG_LEVEL, "
+        "STEPLINE_HOST, STEPLINE_PORT, STEPLINE_WORKERS, STEPLINE_DATA_DIR, STEPLINE_LOG_LEVEL, "
         "STEPLINE_PUBLIC_URL.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the orchestrator (applies migrations on start)")
     serve.add_argument("--host", help="address to listen on [STEPLINE_HOST, 127.0.0.1]")
     serve.add_argument("--port", type=int, help="port to listen on [STEPLINE_PORT, 8400]")
+    serve.add_argument(
+        "--workers", type=int, help="orchestrator processes on this port [STEPLINE_WORKERS, 1]"
+    )
     dev = sub.add_parser(
         "dev", help="embedded PostgreSQL + orchestrator + the example app, with a demo run"
     )
@@ -110,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.with_(host=args.host)
     if getattr(args, "port", None):
         settings = settings.with_(port=args.port)
+    if getattr(args, "workers", None):
+        settings = settings.with_(workers=max(1, args.workers))
     logs.configure(settings.log_level)
     try:
         if args.command == "serve":

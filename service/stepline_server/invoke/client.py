@@ -95,8 +95,8 @@ class AppCaller:
             reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
             return CallResult(False, status, took, reason=reason)
         try:
-            parsed = model.model_validate(orjson.loads(content))
-        except (orjson.JSONDecodeError, ValidationError) as exc:
+            parsed = model.model_validate_json(content)
+        except ValidationError as exc:
             reason = (
                 f"the app answered HTTP {status} with a body that is not a "
                 f"valid {model.__name__}: {str(exc)[:200]}"

@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Any
 
 import orjson
 import structlog
 
-from stepline.protocol import InvokeRequest, InvokeResponse, InvokeStatus, StepRecord, dump
+from stepline.protocol import InvokeResponse, InvokeStatus
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
+from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops.batcher import ProgressBatcher
@@ -177,20 +177,10 @@ class Dispatcher:
         attempt = claim["invoke_attempts"] + 1
         if claim["app_url"] is None:
             return
-        request = InvokeRequest(
-            runId=str(run_id),
-            workflow=claim["workflow"],
-            input=claim["input"],
-            invocationId=str(invocation_id),
-            token=token,
-            apiUrl=self.settings.base_url,
-            attempt=attempt,
-            cancelRequested=claim["cancel_requested"],
-            steps=[_record(s, self.settings.base_url, self.signer) for s in steps],
+        body = invoke_body(
+            claim, steps, attempt=attempt, api_url=self.settings.base_url, signer=self.signer
         )
-        result = await self.caller.invoke(
-            claim["app_url"], list(claim["app_secrets"]), dump(request)
-        )
+        result = await self.caller.invoke(claim["app_url"], list(claim["app_secrets"]), body)
         plan: Plan | None = None
         outcome: dispatch.Outcome
         if result.ok:
@@ -284,24 +274,3 @@ def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> di
         duration_ms=took,
         deployment_id=response.deployment_id,
     )
-
-
-def _record(row: Record, base_url: str, signer: CallbackSigner) -> StepRecord:
-    data: dict[str, Any] = {
-        "name": row["name"],
-        "kind": row["kind"],
-        "status": row["status"],
-        "position": row["position"],
-        "attempt": row["attempt"],
-        "output": row["output"],
-        "error": row["error"],
-    }
-    if row["wake_at"] is not None:
-        data["wakeAt"] = row["wake_at"].isoformat()
-    if row["callback_id"] is not None:
-        data["callbackId"] = str(row["callback_id"])
-        data["callbackUrl"] = signer.url(base_url, str(row["callback_id"]))
-        data["timedOut"] = row["callback_status"] == "timedOut"
-    if row["child_run_id"] is not None:
-        data["childRunId"] = str(row["child_run_id"])
-    return StepRecord.model_validate(data)

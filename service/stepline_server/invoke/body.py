@@ -1,0 +1,66 @@
+"""The ``invoke`` request's JSON, built straight from the claimed run and its step rows.
+
+It is what ``stepline.protocol.dump(InvokeRequest(...))`` gives (camelCase names, no null
+fields), without building and validating pydantic models for what the store itself wrote: an
+invocation replays every recorded step, so this runs once per step per invocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stepline_server.invoke.urls import CallbackSigner
+
+
+def invoke_body(
+    run: Mapping[str, Any],
+    steps: Sequence[Mapping[str, Any]],
+    *,
+    attempt: int,
+    api_url: str,
+    signer: CallbackSigner,
+) -> dict[str, Any]:
+    """The request for ``run`` (a claimed row) with its ``steps`` (rows in recorded order)."""
+    body: dict[str, Any] = {
+        "kind": "invoke",
+        "runId": str(run["id"]),
+        "workflow": run["workflow"],
+        "input": run["input"],
+        "invocationId": str(run["invocation_id"]),
+        "token": run["lease_token"],
+        "apiUrl": api_url,
+        "attempt": attempt,
+        "cancelRequested": run["cancel_requested"],
+        "steps": [_step(s, api_url, signer) for s in steps],
+    }
+    if body["input"] is None:
+        del body["input"]
+    return body
+
+
+def _step(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[str, Any]:
+    step: dict[str, Any] = {
+        "name": row["name"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "position": row["position"],
+        "attempt": row["attempt"],
+    }
+    if row["output"] is not None:
+        step["output"] = row["output"]
+    error = row["error"]
+    if error is not None:
+        step["error"] = {"type": error.get("type", "Error"), "message": error.get("message", "")}
+        if error.get("code") is not None:
+            step["error"]["code"] = error["code"]
+    if row["wake_at"] is not None:
+        step["wakeAt"] = row["wake_at"].isoformat()
+    if row["callback_id"] is not None:
+        callback_id = str(row["callback_id"])
+        step["callbackId"] = callback_id
+        step["callbackUrl"] = signer.url(api_url, callback_id)
+    if row["child_run_id"] is not None:
+        step["childRunId"] = str(row["child_run_id"])
+    step["timedOut"] = row["callback_id"] is not None and row["callback_status"] == "timedOut"
+    return step
