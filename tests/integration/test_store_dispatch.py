@@ -131,3 +131,52 @@ async def test_sweeper_deletes_runs_past_retention_and_old_events(database_url: 
     finally:
         await pool.close()
         await conn.close()
+
+
+async def test_invocations_ending_together_are_recorded_in_one_commit(database_url: str) -> None:
+    """Four invocations answer at once: one run completes with a list output, one fails, one
+    suspends on a sleep, and one lost its lease; each gets its own outcome and history."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        leased = await _leased_runs(conn, 4)
+        done_plan = [StepUpdate(name="a", kind="run", action="complete", output=[0, 1, 4])]
+        sleep_plan = [StepUpdate(name="z", kind="sleep", action="sleep", delayMs=60_000)]
+        outcomes = [
+            (done_plan, dispatch.Outcome("completed", output=[0, 1, 4])),
+            ([], dispatch.Outcome("failed", error={"type": "Boom", "message": "no"})),
+            (sleep_plan, dispatch.Outcome("suspended")),
+            ([], dispatch.Outcome("completed", output="never")),
+        ]
+        items = [
+            dispatch.Progress(
+                run_id,
+                token if n != 3 else "lost",
+                inv,
+                plan_updates(str(run_id), updates),
+                (dispatch.ended_event(outcome),),
+                outcome=outcome,
+            )
+            for n, ((run_id, token, inv), (updates, outcome)) in enumerate(
+                zip(leased, outcomes, strict=True)
+            )
+        ]
+        done = await dispatch.commit(conn, items)
+        assert [leased[n][0] in done for n in range(4)] == [True, True, True, False]
+        assert all(d.recorded for d in done.values())
+        rows = [await runs.get(conn, keys.DEFAULT_PROJECT, r[0]) for r in leased]
+        assert [r["status"] for r in rows if r] == ["completed", "failed", "running", "running"]
+        assert rows[0] and rows[0]["output"] == [0, 1, 4]
+        assert rows[1] and rows[1]["error"] == {"type": "Boom", "message": "no"}
+        assert rows[2] and rows[2]["lease_token"] is None and rows[2]["ready_at"] is not None
+        assert rows[3] and rows[3]["lease_token"] is not None  # the lost lease is untouched
+        histories = [
+            [e["type"] for e in await runs.events(conn, keys.DEFAULT_PROJECT, r[0], 0, 50)]
+            for r in leased
+        ]
+        assert histories[0][-3:] == ["step.completed", "invocation.ended", "run.completed"]
+        assert histories[1][-2:] == ["invocation.ended", "run.failed"]
+        assert histories[2][-2:] == ["step.sleeping", "invocation.ended"]
+        assert histories[3] == ["run.started"]
+    finally:
+        await conn.close()

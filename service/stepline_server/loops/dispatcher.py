@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 import orjson
 import structlog
@@ -79,29 +81,16 @@ class Dispatcher:
             self.wakeup.clear()
             free = self.settings.max_inflight - len(self._inflight)
             claimed: list[Record] = []
-            steps: dict[uuid.UUID, list[Record]] = {}
             if free > 0:
                 async with self.pool.acquire() as conn:
                     claimed = await dispatch.claim(
                         conn, self.owner, self.settings.lease_seconds, free
                     )
-                    # Every claimed run's invocation starts in one statement (a run past its
-                    # time limit is not invoked: it ends).
-                    steps = await dispatch.begin_invocations(
-                        conn,
-                        [
-                            (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
-                            for row in claimed
-                            if not row["past_deadline"]
-                        ],
-                    )
-                for row in claimed:
-                    self._inflight[row["id"]] = row["lease_token"]
-                    task = asyncio.create_task(
-                        self._handle(row, steps.get(row["id"], [])), name=f"invoke-{row['id']}"
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._done)
+                if claimed:
+                    for row in claimed:
+                        self._inflight[row["id"]] = row["lease_token"]
+                    # The next claim need not wait for these invocations to begin.
+                    self._spawn(self._begin(claimed), "begin")
             if claimed and len(claimed) == free:
                 await asyncio.sleep(0)
                 continue
@@ -120,6 +109,34 @@ class Dispatcher:
                 timeout = max(0.005, min(timeout, due_in))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` as a task; when an invocation's task ends, its slot is free: claim."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done if name.startswith("invoke") else self._tasks.discard)
+
+    async def _begin(self, claimed: list[Record]) -> None:
+        """Begin every claimed run's invocation in one statement (a run past its time limit is
+        not invoked: it ends), then invoke each. Should that statement fail, the runs are let
+        go: their leases expire and they are claimed again."""
+        try:
+            async with self.pool.acquire() as conn:
+                steps = await dispatch.begin_invocations(
+                    conn,
+                    [
+                        (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
+                        for row in claimed
+                        if not row["past_deadline"]
+                    ],
+                )
+        except Exception:
+            log.exception("begin_failed", runs=len(claimed))
+            for row in claimed:
+                self._inflight.pop(row["id"], None)
+            return
+        for row in claimed:
+            self._spawn(self._handle(row, steps.get(row["id"], [])), f"invoke-{row['id']}")
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -63,6 +63,14 @@ async def init_connection(conn: Conn) -> None:
     )
 
 
+# Every query is prepared once per connection and run with its parameters. PostgreSQL plans the
+# first five runs of a prepared statement for their values and only then considers one plan for
+# all, so each new connection re-plans the big statements (about a millisecond each) and a
+# statement whose values look different can be re-planned for good. The store's statements are
+# written for one plan: look-ups by key, and small batches unnested from their parameters.
+SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+
+
 async def _keep_session(conn: Conn) -> None:
     """Nothing to reset: the store sets no session state, LISTEN has its own connection and
     advisory locks are transaction-scoped. asyncpg's default reset costs a round trip on every
@@ -78,6 +86,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Poo
         init=init_connection,
         reset=_keep_session,
         command_timeout=60,
+        server_settings=SESSION_SETTINGS,
     )
     assert pool is not None
     return pool

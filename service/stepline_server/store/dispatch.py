@@ -61,7 +61,8 @@ async def apply_plan(conn: Conn, item: Progress) -> Committed | None:
         row = await _apply(conn, item)
         if row is None:
             return None
-        return Committed(row, await _record(conn, item))
+        recorded = await record_outcomes(conn, [item] if item.outcome else [])
+        return Committed(row, item.run_id in recorded)
 
 
 @dataclass(frozen=True)
@@ -94,18 +95,11 @@ async def commit(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Committed
         return {run_id: Committed(row) for run_id, row in (await apply_batch(conn, items)).items()}
     async with conn.transaction():
         rows = await apply_batch(conn, items)
-        done: dict[uuid.UUID, Committed] = {}
-        for item in items:
-            row = rows.get(item.run_id)
-            if row is not None:
-                done[item.run_id] = Committed(row, await _record(conn, item))
-        return done
-
-
-async def _record(conn: Conn, item: Progress) -> bool:
-    if item.outcome is None:
-        return False
-    return await record_outcome(conn, item.run_id, item.token, item.outcome)
+        applied = [item for item in items if item.run_id in rows]
+        recorded = await record_outcomes(conn, [item for item in applied if item.outcome])
+        return {
+            item.run_id: Committed(rows[item.run_id], item.run_id in recorded) for item in applied
+        }
 
 
 async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
@@ -291,19 +285,76 @@ def ended_event(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-async def record_outcome(conn: Conn, run_id: uuid.UUID, token: str, outcome: Outcome) -> bool:
-    """After the invocation's last updates, in their transaction: end the run, suspend it, or
-    schedule the invocation's retry. False when the lease was lost (the next invocation replays
-    what was committed, so nothing is lost)."""
-    if outcome.status in ("completed", "failed", "cancelled"):
-        status = rules.RunStatus(outcome.status)
-        return await end_run(conn, run_id, token, status, outcome.output, outcome.error)
-    if outcome.status == "suspended":
-        return await conn.fetchrow(Q["suspend"], run_id, token) is not None
-    if outcome.status == "error":
-        delay = outcome.retry_delay_ms or 0
-        return await conn.fetchval(Q["invoke_failed"], run_id, token, delay) is not None
-    return False
+async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
+    """After the invocations' last updates, in their transaction: end each run, suspend it, or
+    schedule the invocation's retry, as its outcome says; the runs recorded. A run missing had
+    lost its lease (the next invocation replays what was committed, so nothing is lost)."""
+    recorded: set[uuid.UUID] = set()
+    ends: list[End] = []
+    suspended: list[Progress] = []
+    for item in items:
+        outcome = item.outcome
+        assert outcome is not None
+        if outcome.status in ("completed", "failed", "cancelled"):
+            status = rules.RunStatus(outcome.status)
+            ends.append(End(item.run_id, item.token, status, outcome.output, outcome.error))
+        elif outcome.status == "suspended":
+            suspended.append(item)
+        elif outcome.status == "error":
+            delay = outcome.retry_delay_ms or 0
+            if await conn.fetchval(Q["invoke_failed"], item.run_id, item.token, delay):
+                recorded.add(item.run_id)
+    if suspended:
+        rows = await conn.fetch(
+            Q["suspend_runs"], [i.run_id for i in suspended], [i.token for i in suspended]
+        )
+        recorded |= {row["id"] for row in rows}
+    if ends:
+        recorded |= await end_runs(conn, ends)
+    return recorded
+
+
+@dataclass(frozen=True)
+class End:
+    """A run to end: by the invocation holding ``token``, or by anyone when it is None."""
+
+    run_id: uuid.UUID
+    token: str | None
+    status: rules.RunStatus
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+async def end_runs(conn: Conn, ends: list[End]) -> set[uuid.UUID]:
+    """End runs in one statement: close their open steps, cancel their children, tell their
+    parents; the runs ended. In a transaction."""
+    rows = await conn.fetch(
+        Q["end_runs"],
+        [
+            {
+                "id": str(e.run_id),
+                "token": e.token,
+                "status": e.status.value,
+                "output": e.output,
+                "error": e.error,
+                "event": rules.END_EVENT[e.status],
+                "data": {"error": e.error} if e.error else None,
+            }
+            for e in ends
+        ],
+    )
+    for row in rows:
+        run_id = row["id"]
+        if row["has_children"]:
+            for child in await conn.fetch(Q["children_of"], run_id):
+                await cancel_tree(conn, child["id"])
+        if row["parent_run_id"] is not None:
+            child = await conn.fetchrow(Q["get_run"], row["project_id"], run_id)
+            assert child is not None
+            await resolve_child(conn, child)
+        if row["schedule_id"] is not None:
+            await schedules.on_run_ended(conn, row)
+    return {row["id"] for row in rows}
 
 
 async def end_run(
@@ -314,23 +365,8 @@ async def end_run(
     output: Any,
     error: dict[str, Any] | None,
 ) -> bool:
-    """End a run: close its open steps, cancel its children, tell its parent. In a transaction."""
-    end = {"error": error} if error else None
-    row = await conn.fetchrow(
-        Q["end_run"], run_id, token, status.value, output, error, rules.END_EVENT[status], end
-    )
-    if row is None:
-        return False
-    if row["has_children"]:
-        for child in await conn.fetch(Q["children_of"], run_id):
-            await cancel_tree(conn, child["id"])
-    if row["parent_run_id"] is not None:
-        child = await conn.fetchrow(Q["get_run"], row["project_id"], run_id)
-        assert child is not None
-        await resolve_child(conn, child)
-    if row["schedule_id"] is not None:
-        await schedules.on_run_ended(conn, row)
-    return True
+    """End one run, as :func:`end_runs` does. In a transaction."""
+    return run_id in await end_runs(conn, [End(run_id, token, status, output, error)])
 
 
 async def cancel_tree(conn: Conn, run_id: uuid.UUID) -> None:

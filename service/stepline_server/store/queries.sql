@@ -373,19 +373,21 @@ RETURNING id;
 UPDATE steps SET status = 'failed', error = $3, ended_at = now()
 WHERE run_id = $1 AND name = $2 AND status = 'waiting';
 
--- name: suspend
--- Ends the invocation with the run still running: it comes due at its earliest timer, or at
--- once when something woke it while the invocation ran.
+-- name: suspend_runs
+-- Ends invocations ($1 runs, $2 their lease tokens) with the runs still running: each comes due
+-- at its earliest timer, or at once when something woke it while the invocation ran. Answers
+-- the runs suspended (not those whose lease was lost).
 UPDATE runs SET
     lease_token = NULL, lease_owner = NULL, invoke_attempts = 0,
     ready_at = CASE
-        WHEN wake_seq <> claimed_wake_seq THEN now()
-        ELSE least(deadline_at, (
+        WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
+        ELSE least(runs.deadline_at, (
             SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
-            WHERE s.run_id = $1 AND s.status IN ('sleeping', 'retrying', 'waiting')))
+            WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
         END
-WHERE id = $1 AND lease_token = $2
-RETURNING ready_at;
+FROM unnest($1::uuid[], $2::text[]) AS q(id, token)
+WHERE runs.id = q.id AND runs.lease_token = q.token
+RETURNING runs.id;
 
 -- name: invoke_failed
 UPDATE runs SET
@@ -394,47 +396,60 @@ UPDATE runs SET
 WHERE id = $1 AND lease_token = $2
 RETURNING invoke_attempts;
 
--- name: end_run
--- Ends a run ($3 status, $4 output, $5 error) when $2 is its lease token, or when $2 is null
--- (cancel, time limit): its open steps are cancelled, the history gets their events and the end
--- event ($6, data $7), and listeners hear of it. Returns what the caller must still settle.
-WITH ok AS (
-    SELECT id FROM runs
-    WHERE id = $1 AND ($2::text IS NULL OR lease_token = $2)
-      AND status IN ('running', 'cancelling')
-    FOR UPDATE
+-- name: end_runs
+-- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its
+-- lease token, or when token is null (cancel, time limit): their open steps are cancelled, the
+-- history gets their events and the end event (event, with data), and listeners hear of it.
+-- Answers, for each run ended, what the caller must still settle.
+WITH q AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb)
+        AS q(id uuid, token text, status run_status, output jsonb, error jsonb, event text,
+             data jsonb)
+),
+ok AS (
+    SELECT runs.id FROM runs JOIN q ON q.id = runs.id
+    WHERE (q.token IS NULL OR runs.lease_token = q.token)
+      AND runs.status IN ('running', 'cancelling')
+    FOR UPDATE OF runs
 ),
 closed AS (
     UPDATE steps s SET status = 'cancelled', ended_at = now()
     FROM ok
     WHERE s.run_id = ok.id AND s.status IN ('running', 'retrying', 'sleeping', 'waiting')
-    RETURNING s.name, s.kind, s.callback_id
+    RETURNING s.run_id, s.name, s.kind, s.callback_id
 ),
 cancelled_callbacks AS (
     UPDATE callbacks c SET status = 'cancelled', completed_at = now()
     FROM closed WHERE c.id = closed.callback_id AND c.status = 'pending'
 ),
 evs AS (
-    SELECT row_number() OVER (ORDER BY k, name) AS ord, type, name, data FROM (
-        SELECT 0 AS k, 'step.cancelled' AS type, name, jsonb_build_object('kind', kind) AS data
+    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, name) AS ord, type, name,
+           data
+    FROM (
+        SELECT run_id, 0 AS k, 'step.cancelled' AS type, name,
+               jsonb_build_object('kind', kind) AS data
         FROM closed
         UNION ALL
-        SELECT 1, $6::text, NULL, $7::jsonb
+        SELECT q.id, 1, q.event, NULL, q.data FROM q JOIN ok ON ok.id = q.id
     ) x
+),
+counts AS (
+    SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
 ),
 r AS (
     UPDATE runs SET
-        status = $3, output = $4, error = $5, ended_at = now(), ready_at = NULL,
-        lease_token = NULL, lease_owner = NULL, version = version + 1,
-        next_seq = next_seq + (SELECT count(*) FROM evs)
-    FROM ok WHERE runs.id = ok.id
+        status = q.status, output = q.output, error = q.error, ended_at = now(),
+        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = runs.version + 1,
+        next_seq = runs.next_seq + counts.n
+    FROM q JOIN counts ON counts.run_id = q.id
+    WHERE runs.id = q.id
     RETURNING runs.id, runs.project_id, runs.parent_run_id, runs.parent_step,
-              runs.schedule_id, runs.status, runs.next_seq - (SELECT count(*) FROM evs) AS base
+              runs.schedule_id, runs.status, runs.next_seq - counts.n AS base
 ),
 history AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
     SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.data
-    FROM r, evs
+    FROM r JOIN evs ON evs.run_id = r.id
 )
 SELECT r.id, r.project_id, r.parent_run_id, r.parent_step, r.schedule_id, r.status,
        EXISTS (SELECT 1 FROM runs c
