@@ -34,8 +34,8 @@ async def next_due_in(conn: Conn) -> float | None:
 async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float) -> None:
     """Extend the leases of invocations still in flight."""
     if leases:
-        ids, tokens = zip(*leases, strict=True)
-        await conn.execute(Q["heartbeat"], list(ids), list(tokens), lease_seconds)
+        held = [{"id": str(run_id), "token": token} for run_id, token in leases]
+        await conn.execute(Q["heartbeat"], held, lease_seconds)
 
 
 async def begin_invocations(
@@ -46,9 +46,12 @@ async def begin_invocations(
     is missing from the answer)."""
     if not starts:
         return {}
-    ids, invocations, attempts = (list(column) for column in zip(*starts, strict=True))
+    begun = [
+        {"run_id": str(run_id), "invocation_id": str(invocation_id), "attempt": attempt}
+        for run_id, invocation_id, attempt in starts
+    ]
     steps: dict[uuid.UUID, list[Record]] = {}
-    for row in await conn.fetch(Q["begin_invocations"], ids, invocations, attempts):
+    for row in await conn.fetch(Q["begin_invocations"], begun):
         steps.setdefault(row["run_id"], []).append(row)
     return steps
 
@@ -305,9 +308,8 @@ async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
             if await conn.fetchval(Q["invoke_failed"], item.run_id, item.token, delay):
                 recorded.add(item.run_id)
     if suspended:
-        rows = await conn.fetch(
-            Q["suspend_runs"], [i.run_id for i in suspended], [i.token for i in suspended]
-        )
+        leases = [{"id": str(i.run_id), "token": i.token} for i in suspended]
+        rows = await conn.fetch(Q["suspend_runs"], leases)
         recorded |= {row["id"] for row in rows}
     if ends:
         recorded |= await end_runs(conn, ends)

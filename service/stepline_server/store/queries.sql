@@ -1,4 +1,5 @@
 -- Every query Stepline runs, one named block each ("-- name: x"). Loaded once by store.db.
+-- A batch comes as one jsonb array, read with stepline_items (schema.sql says why).
 
 -- name: ensure_project
 INSERT INTO projects (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING;
@@ -207,17 +208,21 @@ SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
 WHERE ready_at IS NOT NULL;
 
 -- name: heartbeat
-UPDATE runs r SET ready_at = now() + make_interval(secs => $3::double precision)
-FROM unnest($1::uuid[], $2::text[]) AS h(id, token)
+-- Extends the leases ($1: [{id, token}]) still held by $2 seconds.
+UPDATE runs r SET ready_at = now() + make_interval(secs => $2::double precision)
+FROM stepline_items($1::jsonb) AS item
+    CROSS JOIN LATERAL jsonb_to_record(item) AS h(id uuid, token text)
 WHERE r.id = h.id AND r.lease_token = h.token;
 
 -- name: begin_invocations
--- For each claimed run ($1 ids, $2 invocation ids, $3 attempts): settles what came due (sleeps
+-- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what came due (sleeps
 -- complete; event waits past their timeout complete with null; callbacks past theirs fail as
 -- timed out) and records its invocation starting. Returns the steps of every run as they are
 -- now, by run, in the order they were first recorded.
 WITH q AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::integer[]) AS q(run_id, invocation_id, attempt)
+    SELECT q.* FROM stepline_items($1::jsonb) AS item
+        CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, invocation_id uuid,
+                                                      attempt integer)
 ),
 resolved AS (
     UPDATE steps SET
@@ -281,12 +286,31 @@ ORDER BY s.run_id, s.position;
 -- Applies step changes for several runs at once (a group commit), each for the invocation
 -- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
 -- invocation_id, n_events, seq}], $2: changes and $3: events, each with run_id and ord
--- (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run whose token is stale comes back with no row; a call applied before
--- (same seq: the SDK sent it again) comes back with applied = false and writes nothing. ready_at (indexed) is left alone so
--- the run's row is updated in place; the heartbeat extends the lease.
+-- (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run
+-- whose token is stale comes back with no row; a call applied before (same seq: the SDK sent
+-- it again) comes back with applied = false and writes nothing. ready_at (indexed) is left
+-- alone so the run's row is updated in place; the heartbeat extends the lease.
 WITH q AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb)
-        AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint)
+    SELECT q.* FROM stepline_items($1::jsonb) AS item
+        CROSS JOIN LATERAL jsonb_to_record(item)
+            AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint)
+),
+-- Each batch is read once (materialised), then joined with the runs that took it.
+changes AS MATERIALIZED (
+    SELECT x.* FROM stepline_items($2::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+        AS x(run_id uuid, ord integer, name text, kind step_kind, status step_status,
+             attempt integer, output jsonb, error jsonb, ended boolean, delay_ms bigint,
+             timeout_ms bigint, callback_id uuid, child_run_id uuid, event_name text,
+             match jsonb)
+),
+history_in AS MATERIALIZED (
+    SELECT x.* FROM stepline_items($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+        AS x(run_id uuid, ord integer, type text, step_name text, deployment_id text,
+             http_status integer, duration_ms integer, data jsonb)
+),
+callbacks_in AS MATERIALIZED (
+    SELECT x.* FROM stepline_items($4::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+        AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
 ),
 r AS (
     UPDATE runs
@@ -312,11 +336,7 @@ s AS (
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
            x.callback_id, x.child_run_id, x.event_name, x.match
-    FROM jsonb_to_recordset($2::jsonb) AS x(
-        run_id uuid, ord integer, name text, kind step_kind, status step_status,
-        attempt integer, output jsonb, error jsonb, ended boolean, delay_ms bigint,
-        timeout_ms bigint, callback_id uuid, child_run_id uuid, event_name text, match jsonb)
-    JOIN r ON r.id = x.run_id
+    FROM changes x JOIN r ON r.id = x.run_id
     ON CONFLICT (run_id, name) DO UPDATE SET
         status = excluded.status, attempt = excluded.attempt, output = excluded.output,
         error = excluded.error, ended_at = excluded.ended_at, wake_at = excluded.wake_at,
@@ -334,9 +354,7 @@ callbacks_made AS (
     SELECT x.id, r.project_id, r.id, x.step_name,
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
-    FROM jsonb_to_recordset($4::jsonb)
-        AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
-    JOIN r ON r.id = x.run_id
+    FROM callbacks_in x JOIN r ON r.id = x.run_id
     ON CONFLICT (id) DO UPDATE SET
         status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
         timeout_at = excluded.timeout_at
@@ -347,10 +365,7 @@ e AS (
                             deployment_id, http_status, duration_ms, data)
     SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, r.invocation_id,
            x.deployment_id, x.http_status, x.duration_ms, x.data
-    FROM jsonb_to_recordset($3::jsonb) AS x(
-        run_id uuid, ord integer, type text, step_name text, deployment_id text,
-        http_status integer, duration_ms integer, data jsonb)
-    JOIN r ON r.id = x.run_id
+    FROM history_in x JOIN r ON r.id = x.run_id
 )
 SELECT runs.id, runs.cancel_requested, runs.project_id, r.id IS NOT NULL AS applied
 FROM q
@@ -374,9 +389,9 @@ UPDATE steps SET status = 'failed', error = $3, ended_at = now()
 WHERE run_id = $1 AND name = $2 AND status = 'waiting';
 
 -- name: suspend_runs
--- Ends invocations ($1 runs, $2 their lease tokens) with the runs still running: each comes due
--- at its earliest timer, or at once when something woke it while the invocation ran. Answers
--- the runs suspended (not those whose lease was lost).
+-- Ends invocations ($1: [{id, token}], each a run and its lease token) with the runs still
+-- running: each comes due at its earliest timer, or at once when something woke it while the
+-- invocation ran. Answers the runs suspended (not those whose lease was lost).
 UPDATE runs SET
     lease_token = NULL, lease_owner = NULL, invoke_attempts = 0,
     ready_at = CASE
@@ -385,7 +400,8 @@ UPDATE runs SET
             SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
             WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
         END
-FROM unnest($1::uuid[], $2::text[]) AS q(id, token)
+FROM stepline_items($1::jsonb) AS item
+    CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text)
 WHERE runs.id = q.id AND runs.lease_token = q.token
 RETURNING runs.id;
 
@@ -402,9 +418,10 @@ RETURNING invoke_attempts;
 -- history gets their events and the end event (event, with data), and listeners hear of it.
 -- Answers, for each run ended, what the caller must still settle.
 WITH q AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb)
-        AS q(id uuid, token text, status run_status, output jsonb, error jsonb, event text,
-             data jsonb)
+    SELECT q.* FROM stepline_items($1::jsonb) AS item
+        CROSS JOIN LATERAL jsonb_to_record(item)
+            AS q(id uuid, token text, status run_status, output jsonb, error jsonb, event text,
+                 data jsonb)
 ),
 ok AS (
     SELECT runs.id FROM runs JOIN q ON q.id = runs.id
