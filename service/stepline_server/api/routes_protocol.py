@@ -134,9 +134,9 @@ class ProgressFastPath:
 
 async def _read_body(receive: Receive, declared: str | None) -> bytes:
     """The whole body, refused past ``MAX_PROGRESS_BODY`` (``declared``: its Content-Length)."""
-    too_large = PayloadTooLarge(f"the request body is larger than {MAX_PROGRESS_BODY} bytes")
+    too_large = f"the request body is larger than {MAX_PROGRESS_BODY} bytes"
     if declared and declared.isdigit() and int(declared) > MAX_PROGRESS_BODY:
-        raise too_large
+        raise PayloadTooLarge(too_large)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -146,7 +146,7 @@ async def _read_body(receive: Receive, declared: str | None) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_PROGRESS_BODY:
-            raise too_large
+            raise PayloadTooLarge(too_large)
         chunks.append(chunk)
         if not message.get("more_body"):
             break

@@ -53,12 +53,26 @@ class ProgressBatcher:
                 done = await dispatch.apply_plan(conn, item)
             self.metrics.inc("stepline_progress_calls_total")
             return done
+        if not self._queue and self._flushing < self.max_flushes:
+            return await self._alone(item)  # nothing to group it with: no task, no hand-off
         future: asyncio.Future[dispatch.Committed | None] = (
             asyncio.get_running_loop().create_future()
         )
         self._queue.append((item, future))
         self._kick()
         return await future
+
+    async def _alone(self, item: dispatch.Progress) -> dispatch.Committed | None:
+        self._flushing += 1
+        try:
+            async with self.pool.acquire() as conn:
+                done = await dispatch.commit(conn, [item])
+            self.metrics.inc("stepline_progress_commits_total")
+            self.metrics.inc("stepline_progress_calls_total")
+            return done.get(item.run_id)
+        finally:
+            self._flushing -= 1
+            self._kick()
 
     def _kick(self) -> None:
         while self._queue and self._flushing < self.max_flushes:

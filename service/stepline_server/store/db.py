@@ -101,6 +101,8 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Poo
         reset=_keep_session,
         command_timeout=60,
         server_settings=SESSION_SETTINGS,
+        # Connections are not closed for being idle: that would arm a timer on every release.
+        max_inactive_connection_lifetime=0,
     )
     assert pool is not None
     return pool
