@@ -58,14 +58,13 @@ async def commit_progress(
     if not raw.strip():
         raise InvalidJson("the request body is empty; send a JSON object")
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidJson(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValidationFailed("the request body must be a JSON object")
-    try:
-        call = ProgressRequest.model_validate(body)
+        call = ProgressRequest.model_validate_json(raw)  # parsed and checked in one pass
     except ValidationError as exc:
+        problems = exc.errors()
+        if problems[0]["type"] == "json_invalid":
+            raise InvalidJson(f"the request body is not valid JSON: {problems[0]['msg']}") from None
+        if problems[0]["type"] == "model_type":
+            raise ValidationFailed("the request body must be a JSON object") from None
         raise from_validation(exc) from None
     try:
         run_id = uuid.UUID(call.run_id)

@@ -39,7 +39,7 @@ def callback_id(run_id: str, step_name: str) -> str:
     return str(uuid.uuid5(_NS, f"callback:{run_id}:{step_name}"))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepChange:
     """One step row to write (insert, or update when not already ended)."""
 
@@ -128,6 +128,16 @@ def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
 
 
 def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
+    if u.action is Action.START or u.action is Action.COMPLETE:  # most updates: the short way
+        complete = u.action is Action.COMPLETE
+        return StepChange(
+            name=u.name,
+            kind=u.kind.value,
+            status=status.value,
+            attempt=u.attempt if u.attempt > 1 else 1,
+            output=u.output if complete else None,
+            ended=complete,
+        )
     error = u.error.model_dump(exclude_none=True) if u.error else None
     if u.action in (Action.FAIL, Action.RETRY) and error is None:
         error = {"type": "Error", "message": "step failed"}
@@ -142,7 +152,6 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
         kind=u.kind.value,
         status=status.value,
         attempt=max(1, u.attempt),
-        output=u.output if u.action is Action.COMPLETE else None,
         error=error if u.action in (Action.FAIL, Action.RETRY) else None,
         delay_ms=max(0, u.delay_ms) if u.delay_ms is not None else None,
         timeout_ms=max(0, u.timeout_ms) if u.timeout_ms is not None else None,
