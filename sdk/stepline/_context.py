@@ -8,6 +8,7 @@ replayed at once, without yielding to the event loop; anything new becomes a pen
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -151,21 +152,24 @@ class Context:
         return value
 
     async def sleep(self, name: str, duration: Duration) -> None:
-        """Sleep durably for ``duration`` (the run suspends; no process waits)."""
-        await self._sleep(name, to_ms(duration))
+        """Sleep durably for ``duration`` from this call (the run suspends; no process waits)."""
+        await self._sleep(name, to_ms(duration), time.time())
 
     async def sleep_until(self, name: str, until: datetime) -> None:
         """Sleep durably until ``until`` (an aware datetime); at once when it is past."""
         if until.tzinfo is None:
             raise ValueError("sleep_until needs an aware datetime (with a timezone)")
-        delay = (until - datetime.now(UTC)).total_seconds()
-        await self._sleep(name, max(0, round(delay * 1000)))
+        now = time.time()
+        await self._sleep(name, max(0, round((until.timestamp() - now) * 1000)), now)
 
-    async def _sleep(self, name: str, delay_ms: int) -> None:
+    async def _sleep(self, name: str, delay_ms: int, called_at: float) -> None:
         record = self._enter(name, StepKind.SLEEP)
         if record is not None and record.status is StepStatus.COMPLETED:
             return
-        await self._block(record, name, StepKind.SLEEP, Action.SLEEP, delay_ms=delay_ms)
+        at_ms = round(called_at * 1000)
+        await self._block(
+            record, name, StepKind.SLEEP, Action.SLEEP, delay_ms=delay_ms, at_ms=at_ms
+        )
 
     async def callback(self, name: str, timeout: Duration | None = None) -> Callback:
         """Create a callback (a signed URL); ``await cb.wait()`` for the JSON POSTed to it."""

@@ -162,6 +162,9 @@ class StepUpdate(_Model):
     error: ErrorInfo | None = None
     delay_ms: int | None = Field(default=None, alias="delayMs")
     timeout_ms: int | None = Field(default=None, alias="timeoutMs")
+    # sleep: when the workflow reached it (ms since the epoch, the app's clock); the
+    # orchestrator counts the delay from there, within what it knows of the invocation.
+    at_ms: int | None = Field(default=None, alias="atMs")
     event: str | None = None
     match: dict[str, Any] | None = None
     workflow: str | None = None

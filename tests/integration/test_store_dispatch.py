@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from stepline.protocol import Action, StepKind, StepUpdate
-from stepline_server.engine.steps import plan_updates
+from stepline_server.engine.steps import Plan, plan_updates
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.store import apps, db, dispatch, keys, runs
 
@@ -178,5 +179,43 @@ async def test_invocations_ending_together_are_recorded_in_one_commit(database_u
         assert histories[1][-2:] == ["invocation.ended", "run.failed"]
         assert histories[2][-2:] == ["step.sleeping", "invocation.ended"]
         assert histories[3] == ["run.started"]
+    finally:
+        await conn.close()
+
+
+async def test_a_sleep_counts_from_when_the_workflow_reached_it(database_url: str) -> None:
+    """wakeAt = atMs + delay when atMs lies between the invocation's last commit and the
+    commit of the sleep; an app clock behind or ahead cannot move it outside those bounds."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        leased = await _leased_runs(conn, 3)
+        claimed_at = [(await runs.get(conn, keys.DEFAULT_PROJECT, r[0]))["progress_at"]
+                      for r in leased]  # fmt: skip
+        await asyncio.sleep(0.3)
+        at_ms = [
+            int((claimed_at[0] + timedelta(milliseconds=100)).timestamp() * 1000),  # in bounds
+            int((claimed_at[1] - timedelta(minutes=10)).timestamp() * 1000),  # clock behind
+            int((datetime.now(UTC) + timedelta(minutes=10)).timestamp() * 1000),  # ahead
+        ]
+
+        def nap(run_id: uuid.UUID, at: int) -> Plan:
+            update = StepUpdate(name="nap", kind="sleep", action="sleep", delayMs=60_000, atMs=at)
+            return plan_updates(str(run_id), [update])
+
+        items = [
+            dispatch.Progress(run_id, token, inv, nap(run_id, at))
+            for (run_id, token, inv), at in zip(leased, at_ms, strict=True)
+        ]
+        before = datetime.now(UTC)
+        await dispatch.apply_batch(conn, items)
+        after = datetime.now(UTC)
+        wakes = [(await runs.steps(conn, r[0]))[0]["wake_at"] for r in leased]
+        minute = timedelta(minutes=1)
+        assert abs(wakes[0] - (claimed_at[0] + timedelta(milliseconds=100) + minute)) < timedelta(
+            milliseconds=2
+        )
+        assert wakes[1] == claimed_at[1] + minute
+        assert before + minute - timedelta(seconds=1) <= wakes[2] <= after + minute
     finally:
         await conn.close()

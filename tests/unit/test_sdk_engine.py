@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -105,11 +106,16 @@ async def test_sleep_suspends_with_the_wait_in_the_answer() -> None:
         await ctx.sleep("nap", "90s")
 
     sender = Recorder()
+    before = time.time()
     answer = await invoke(wf, request(), sender)
+    after = time.time()
     assert sender.calls == []
     assert answer.status == "suspended"
     assert brief(answer.updates) == [("complete", "t"), ("sleep", "nap")]
     assert answer.updates[1].delay_ms == 90_000
+    # It says when the workflow reached the sleep, for the delay to count from there.
+    reached = answer.updates[1].at_ms
+    assert reached is not None and before * 1000 - 1 <= reached <= after * 1000 + 1
 
 
 async def test_retry_uses_backoff_or_retry_after() -> None:

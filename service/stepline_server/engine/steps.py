@@ -51,6 +51,7 @@ class StepChange:
     error: dict[str, Any] | None = None
     delay_ms: int | None = None
     timeout_ms: int | None = None
+    at_ms: int | None = None  # a sleep's start on the app's clock (the store bounds it)
     ended: bool = False
     callback_id: str | None = None
     child_run_id: str | None = None
@@ -68,6 +69,7 @@ class StepChange:
             "error": self.error,
             "delay_ms": self.delay_ms,
             "timeout_ms": self.timeout_ms,
+            "at_ms": self.at_ms,
             "ended": self.ended,
             "callback_id": self.callback_id,
             "child_run_id": self.child_run_id,
@@ -155,6 +157,7 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
         error=error if u.action in (Action.FAIL, Action.RETRY) else None,
         delay_ms=max(0, u.delay_ms) if u.delay_ms is not None else None,
         timeout_ms=max(0, u.timeout_ms) if u.timeout_ms is not None else None,
+        at_ms=u.at_ms if u.action is Action.SLEEP else None,
         ended=status in ENDED_STEP,
         callback_id=callback_id(run_id, u.name) if u.action is Action.CALLBACK else None,
         child_run_id=child_run_id(run_id, u.name) if u.action is Action.INVOKE else None,

@@ -300,8 +300,8 @@ changes AS MATERIALIZED (
     SELECT x.* FROM stepline_items($2::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, ord integer, name text, kind step_kind, status step_status,
              attempt integer, output jsonb, error jsonb, ended boolean, delay_ms bigint,
-             timeout_ms bigint, callback_id uuid, child_run_id uuid, event_name text,
-             match jsonb)
+             timeout_ms bigint, at_ms bigint, callback_id uuid, child_run_id uuid,
+             event_name text, match jsonb)
 ),
 history_in AS MATERIALIZED (
     SELECT x.* FROM stepline_items($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
@@ -317,12 +317,12 @@ r AS (
     SET next_seq = runs.next_seq + q.n_events,
         progress_at = now(),
         progress_seq = greatest(runs.progress_seq, q.seq)
-    FROM q
+    FROM q JOIN runs AS before ON before.id = q.run_id
     WHERE runs.id = q.run_id AND runs.lease_token = q.token
       AND runs.status IN ('running', 'cancelling')
       AND (q.seq = 0 OR runs.progress_seq < q.seq)
     RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
-              runs.cancel_requested, q.invocation_id
+              runs.cancel_requested, q.invocation_id, before.progress_at AS since
 ),
 s AS (
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
@@ -331,8 +331,12 @@ s AS (
     SELECT r.id, r.project_id, x.name, x.kind, x.status, r.base + x.ord - 1, x.attempt,
            x.output, x.error,
            CASE WHEN x.ended THEN now() END,
+           -- A sleep counts from when the workflow reached it (at_ms, the app's clock) as
+           -- far as that lies between the invocation's last commit and now; else from now.
            CASE WHEN x.delay_ms IS NOT NULL
-                THEN now() + make_interval(secs => x.delay_ms::double precision / 1000) END,
+                THEN CASE WHEN x.at_ms IS NULL THEN now()
+                          ELSE greatest(r.since, least(now(), to_timestamp(x.at_ms / 1000.0)))
+                     END + make_interval(secs => x.delay_ms::double precision / 1000) END,
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
            x.callback_id, x.child_run_id, x.event_name, x.match
