@@ -1,5 +1,11 @@
 -- Every query Stepline runs, one named block each ("-- name: x"). Loaded once by store.db.
--- A batch comes as one jsonb array, read with stepline_items (schema.sql says why).
+--
+-- A batch comes as one jsonb array of records, unpacked with jsonb_array_elements and
+-- jsonb_to_record. Its filter jsonb_typeof(item) = 'object' always holds; it is there for the
+-- planner, which expects a hundred rows from a set-returning function but only one or two
+-- after an equality it cannot judge, so a batch joined with runs or steps goes through their
+-- indexes whatever their size (with a hundred rows expected, a table of a few thousand would
+-- be read whole for every batch).
 
 -- name: ensure_project
 INSERT INTO projects (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING;
@@ -210,9 +216,9 @@ WHERE ready_at IS NOT NULL;
 -- name: heartbeat
 -- Extends the leases ($1: [{id, token}]) still held by $2 seconds.
 UPDATE runs r SET ready_at = now() + make_interval(secs => $2::double precision)
-FROM stepline_items($1::jsonb) AS item
+FROM jsonb_array_elements($1::jsonb) AS item
     CROSS JOIN LATERAL jsonb_to_record(item) AS h(id uuid, token text)
-WHERE r.id = h.id AND r.lease_token = h.token;
+WHERE r.id = h.id AND r.lease_token = h.token AND jsonb_typeof(item) = 'object';
 
 -- name: begin_invocations
 -- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what came due (sleeps
@@ -220,9 +226,10 @@ WHERE r.id = h.id AND r.lease_token = h.token;
 -- timed out) and records its invocation starting. Returns the steps of every run as they are
 -- now, by run, in the order they were first recorded.
 WITH q AS (
-    SELECT q.* FROM stepline_items($1::jsonb) AS item
+    SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, invocation_id uuid,
                                                       attempt integer)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 resolved AS (
     UPDATE steps SET
@@ -291,26 +298,30 @@ ORDER BY s.run_id, s.position;
 -- it again) comes back with applied = false and writes nothing. ready_at (indexed) is left
 -- alone so the run's row is updated in place; the heartbeat extends the lease.
 WITH q AS (
-    SELECT q.* FROM stepline_items($1::jsonb) AS item
+    SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
             AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 -- Each batch is read once (materialised), then joined with the runs that took it.
 changes AS MATERIALIZED (
-    SELECT x.* FROM stepline_items($2::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+    SELECT x.* FROM jsonb_array_elements($2::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, ord integer, name text, kind step_kind, status step_status,
              attempt integer, output jsonb, error jsonb, ended boolean, delay_ms bigint,
              timeout_ms bigint, at_ms bigint, callback_id uuid, child_run_id uuid,
              event_name text, match jsonb)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 history_in AS MATERIALIZED (
-    SELECT x.* FROM stepline_items($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+    SELECT x.* FROM jsonb_array_elements($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, ord integer, type text, step_name text, deployment_id text,
              http_status integer, duration_ms integer, data jsonb)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 callbacks_in AS MATERIALIZED (
-    SELECT x.* FROM stepline_items($4::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+    SELECT x.* FROM jsonb_array_elements($4::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 r AS (
     UPDATE runs
@@ -404,9 +415,9 @@ UPDATE runs SET
             SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
             WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
         END
-FROM stepline_items($1::jsonb) AS item
+FROM jsonb_array_elements($1::jsonb) AS item
     CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text)
-WHERE runs.id = q.id AND runs.lease_token = q.token
+WHERE runs.id = q.id AND runs.lease_token = q.token AND jsonb_typeof(item) = 'object'
 RETURNING runs.id;
 
 -- name: invoke_failed
@@ -422,10 +433,11 @@ RETURNING invoke_attempts;
 -- history gets their events and the end event (event, with data), and listeners hear of it.
 -- Answers, for each run ended, what the caller must still settle.
 WITH q AS (
-    SELECT q.* FROM stepline_items($1::jsonb) AS item
+    SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
             AS q(id uuid, token text, status run_status, output jsonb, error jsonb, event text,
                  data jsonb)
+        WHERE jsonb_typeof(item) = 'object'
 ),
 ok AS (
     SELECT runs.id FROM runs JOIN q ON q.id = runs.id
