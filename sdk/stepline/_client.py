@@ -173,12 +173,16 @@ class _Api(Generic[_D, _N, _I]):
         self._auth = {"Authorization": f"Bearer {key}"} if key else {}
         self._timeout = timeout
 
-    def _build(self, req: _Request) -> httpx.Request:
+    def _content(self, req: _Request) -> tuple[bytes | None, dict[str, str]]:
+        """The request's JSON body (None when it has none) and its own headers."""
         headers = dict(self._auth) if req.auth else {}
-        content = None
-        if req.body is not _NO_BODY:
-            content = json.dumps(req.body).encode()
-            headers["Content-Type"] = "application/json"
+        if req.body is _NO_BODY:
+            return None, headers
+        headers["Content-Type"] = "application/json"
+        return json.dumps(req.body).encode(), headers
+
+    def _build(self, req: _Request) -> httpx.Request:
+        content, headers = self._content(req)
         timeout = httpx.Timeout(self._timeout, read=max(self._timeout, req.read_timeout or 0.0))
         return self._http.build_request(
             req.method,
@@ -435,14 +439,13 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
         url = req.path if "://" in req.path else self._base + req.path
         if req.params:
             url += ("&" if "?" in url else "?") + urlencode(req.params)
-        headers = {**self._headers, **(self._auth if req.auth else {})}
-        content = b""
-        if req.body is not _NO_BODY:
-            content = json.dumps(req.body).encode()  # as Client and the httpx path encode it
-            headers["Content-Type"] = "application/json"
+        content, own = self._content(req)
+        headers = {**self._headers, **own}
         timeout = max(self._timeout, req.read_timeout or 0.0)
         try:
-            answer = await self._direct.request(req.method, url, content, headers, timeout=timeout)
+            answer = await self._direct.request(
+                req.method, url, content or b"", headers, timeout=timeout
+            )
         except _http.HttpError as exc:
             request = httpx.Request(req.method, url)
             if str(exc) == "timed out":

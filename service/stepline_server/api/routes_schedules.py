@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +19,7 @@ from stepline_server.api.responses import json_response, read_model
 from stepline_server.api.routes_runs import run_json
 from stepline_server.engine import schedules as rules
 from stepline_server.store import apps, schedules
-from stepline_server.store.db import Record
+from stepline_server.store.db import Conn, Record
 
 _ID = re.compile(r"^wfs_[A-Za-z0-9]+$")
 
@@ -159,27 +161,28 @@ async def delete_schedule(request: Request) -> Response:
 
 
 async def pause_schedule(request: Request) -> Response:
+    return json_response(serialize.schedule(await _transition(request, schedules.pause)))
+
+
+async def resume_schedule(request: Request) -> Response:
+    row = await _transition(request, schedules.resume)
+    orch(request).scheduler.wake()
+    return json_response(serialize.schedule(row))
+
+
+async def _transition(
+    request: Request,
+    change: Callable[[Conn, uuid.UUID, str, datetime], Awaitable[Record | None]],
+) -> Record:
+    """Pause or resume the schedule of the path; 409 when its status does not allow it."""
     pid = await project(request)
     sid = _schedule_id(request)
     async with orch(request).pool.acquire() as conn:
         try:
-            row = await schedules.pause(conn, pid, sid, datetime.now(UTC))
+            row = await change(conn, pid, sid, datetime.now(UTC))
         except schedules.InvalidTransition as exc:
             raise InvalidState(str(exc)) from None
-    return json_response(serialize.schedule(_found(row, sid)))
-
-
-async def resume_schedule(request: Request) -> Response:
-    pid = await project(request)
-    sid = _schedule_id(request)
-    o = orch(request)
-    async with o.pool.acquire() as conn:
-        try:
-            row = await schedules.resume(conn, pid, sid, datetime.now(UTC))
-        except schedules.InvalidTransition as exc:
-            raise InvalidState(str(exc)) from None
-    o.scheduler.wake()
-    return json_response(serialize.schedule(_found(row, sid)))
+    return _found(row, sid)
 
 
 async def trigger_schedule(request: Request) -> Response:

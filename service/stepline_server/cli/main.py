@@ -41,24 +41,18 @@ async def _serve(settings: Settings) -> None:
         api = servers.server(app, settings.host, settings.port, log_level=settings.log_level)
         servers.stop_on_signals(api)
         servers.tune_gc()
-        sock = workers.inherited()
+        # A child worker serves the socket it inherited; the first of several binds one and
+        # starts the others (each applies the migrations too: the runner takes a lock).
+        sock, children = workers.inherited(), None
         if sock is None and settings.workers > 1:
-            conn = await db.connect(dsn)  # once, before the workers start together
-            try:
-                await apply_migrations(conn)
-            finally:
-                await conn.close()
             sock = workers.bind(settings.host, settings.port)
             children = workers.Children(settings.workers - 1, sock, dsn)
             children.start()
-            keeper = asyncio.create_task(children.keep())
-            try:
-                await api.serve(sockets=[sock])
-            finally:
-                keeper.cancel()
+        try:
+            await api.serve(sockets=[sock] if sock is not None else None)
+        finally:
+            if children is not None:
                 await children.stop()
-            return
-        await api.serve(sockets=[sock] if sock is not None else None)
 
 
 async def _migrate(settings: Settings) -> None:

@@ -55,28 +55,30 @@ class Children:
         }
         self.fd = sock.fileno()
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.stopping = False
+        self._keeper: asyncio.Task[None] | None = None
 
     def _start_one(self) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
         return subprocess.Popen(argv, env=self.env, pass_fds=(self.fd,))
 
     def start(self) -> None:
+        """Start the children, and keep them running until :meth:`stop`."""
         self.procs = [self._start_one() for _ in range(self.count)]
+        self._keeper = asyncio.create_task(self._keep())
 
-    async def keep(self) -> None:
-        """Start again a child that exited, until :meth:`stop`."""
-        while not self.stopping:
+    async def _keep(self) -> None:
+        while True:
             await asyncio.sleep(1.0)
             for i, proc in enumerate(self.procs):
                 code = proc.poll()
-                if code is not None and not self.stopping:
+                if code is not None:
                     log.warning("worker_exited", pid=proc.pid, code=code)
                     self.procs[i] = self._start_one()
 
     async def stop(self, grace: float = 30.0) -> None:
         """SIGTERM every child, then SIGKILL what has not exited after ``grace`` seconds."""
-        self.stopping = True
+        if self._keeper is not None:
+            self._keeper.cancel()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

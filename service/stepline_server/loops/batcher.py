@@ -65,14 +65,17 @@ class ProgressBatcher:
     async def _alone(self, item: dispatch.Progress) -> dispatch.Committed | None:
         self._flushing += 1
         try:
-            async with self.pool.acquire() as conn:
-                done = await dispatch.commit(conn, [item])
-            self.metrics.inc("stepline_progress_commits_total")
-            self.metrics.inc("stepline_progress_calls_total")
-            return done.get(item.run_id)
+            return (await self._commit([item])).get(item.run_id)
         finally:
             self._flushing -= 1
             self._kick()
+
+    async def _commit(self, items: list[dispatch.Progress]) -> dict[uuid.UUID, dispatch.Committed]:
+        async with self.pool.acquire() as conn:
+            done = await dispatch.commit(conn, items)
+        self.metrics.inc("stepline_progress_commits_total")
+        self.metrics.inc("stepline_progress_calls_total", by=len(items))
+        return done
 
     def _kick(self) -> None:
         while self._queue and self._flushing < self.max_flushes:
@@ -99,10 +102,7 @@ class ProgressBatcher:
     async def _flush(self, batch: list[Entry]) -> None:
         try:
             try:
-                async with self.pool.acquire() as conn:
-                    rows = await dispatch.commit(conn, [item for item, _ in batch])
-                self.metrics.inc("stepline_progress_commits_total")
-                self.metrics.inc("stepline_progress_calls_total", by=len(batch))
+                rows = await self._commit([item for item, _ in batch])
                 for item, future in batch:
                     if not future.done():
                         future.set_result(rows.get(item.run_id))
@@ -124,8 +124,6 @@ class ProgressBatcher:
     async def _flush_one(self, entry: Entry) -> None:
         item, future = entry
         try:
-            async with self.pool.acquire() as conn:
-                rows = await dispatch.commit(conn, [item])
-            future.set_result(rows.get(item.run_id))
+            future.set_result((await self._commit([item])).get(item.run_id))
         except Exception as exc:
             future.set_exception(exc)

@@ -90,7 +90,7 @@ class Dispatcher:
                     for row in claimed:
                         self._inflight[row["id"]] = row["lease_token"]
                     # The next claim need not wait for these invocations to begin.
-                    self._spawn(self._begin(claimed), "begin")
+                    self._spawn(self._begin(claimed), "begin", frees_slot=False)
             if claimed and len(claimed) == free:
                 await asyncio.sleep(0)
                 continue
@@ -110,11 +110,11 @@ class Dispatcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run ``coro`` as a task; when an invocation's task ends, its slot is free: claim."""
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str, *, frees_slot: bool) -> None:
+        """Run ``coro`` as a task; when one that ``frees_slot`` ends, claim again."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._done if name.startswith("invoke") else self._tasks.discard)
+        task.add_done_callback(self._done if frees_slot else self._tasks.discard)
 
     async def _begin(self, claimed: list[Record]) -> None:
         """Begin every claimed run's invocation in one statement (a run past its time limit is
@@ -136,7 +136,8 @@ class Dispatcher:
                 self._inflight.pop(row["id"], None)
             return
         for row in claimed:
-            self._spawn(self._handle(row, steps.get(row["id"], [])), f"invoke-{row['id']}")
+            invocation = self._handle(row, steps.get(row["id"], []))
+            self._spawn(invocation, f"invoke-{row['id']}", frees_slot=True)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -158,10 +158,9 @@ async def trigger(
     row = await get(conn, project_id, schedule_id)
     if row is None:
         return None
-    wf = await apps.workflow(conn, project_id, row["workflow"])
-    if wf is None:
+    if await apps.workflow(conn, project_id, row["workflow"]) is None:
         raise WorkflowGone(f"the workflow {row['workflow']!r} is no longer registered")
-    return await runs.insert(conn, _new_run(row, wf, uuid.uuid4(), now, "manual"))
+    return await runs.insert(conn, _new_run(row, uuid.uuid4(), now, "manual"))
 
 
 async def fire_due(
@@ -193,7 +192,9 @@ async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: i
     )
     if plan.skipped:
         await conn.execute(Q["record_ticks_skipped"], sid, version, list(plan.skipped), MISFIRE)
-    wf = await apps.workflow(conn, row["project_id"], row["workflow"]) if plan.fire else None
+    registered = bool(plan.fire) and (
+        await apps.workflow(conn, row["project_id"], row["workflow"]) is not None
+    )
     overlap = rules.OverlapPolicy(row["overlap"])
     active = 0
     if plan.fire and overlap is not rules.OverlapPolicy.ALLOW:
@@ -201,7 +202,7 @@ async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: i
     buffered: datetime | None = row["buffered_tick_at"]
     started, last_fired = 0, None
     for tick in plan.fire:
-        if wf is None:
+        if not registered:
             await _record(conn, sid, tick, version, "skipped", NO_WORKFLOW)
             continue
         decision = rules.decide_overlap(overlap, active_runs=active, buffered=int(bool(buffered)))
@@ -209,7 +210,7 @@ async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: i
             run_id = rules.tick_run_id(sid, tick)
             reason = MISFIRE if tick < now - grace else None
             if await _record(conn, sid, tick, version, "fired", reason, run_id):
-                await runs.insert(conn, _new_run(row, wf, run_id, tick, "schedule"))
+                await runs.insert(conn, _new_run(row, run_id, tick, "schedule"))
                 active, started, last_fired = active + 1, started + 1, tick
         elif decision is rules.OverlapDecision.BUFFER:
             if await _record(conn, sid, tick, version, "buffered", OVERLAP):
@@ -267,14 +268,13 @@ async def _start_buffered(conn: Conn, sched: Record) -> None:
         return
     if await conn.fetchval(Q["count_active_schedule_runs"], sid):
         return  # another run (e.g. a manual trigger) is still going: keep waiting
-    wf = await apps.workflow(conn, sched["project_id"], sched["workflow"])
-    if wf is None:
+    if await apps.workflow(conn, sched["project_id"], sched["workflow"]) is None:
         await _drop_buffered(conn, sid, tick, NO_WORKFLOW)
         return
     run_id = rules.tick_run_id(sid, tick)
     await conn.execute(Q["take_buffered_tick"], sid, True)
     await conn.execute(Q["settle_buffered_tick"], sid, tick, "fired", OVERLAP, run_id)
-    await runs.insert(conn, _new_run(sched, wf, run_id, tick, "schedule"))
+    await runs.insert(conn, _new_run(sched, run_id, tick, "schedule"))
 
 
 async def _drop_buffered(conn: Conn, sid: str, tick: datetime, reason: str) -> None:
@@ -361,9 +361,7 @@ async def _record(
     return inserted is not None
 
 
-def _new_run(
-    sched: Record, wf: Record, run_id: uuid.UUID, at: datetime, trigger: str
-) -> runs.NewRun:
+def _new_run(sched: Record, run_id: uuid.UUID, at: datetime, trigger: str) -> runs.NewRun:
     return runs.NewRun(
         id=run_id,
         project_id=sched["project_id"],
