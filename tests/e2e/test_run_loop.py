@@ -97,6 +97,44 @@ async def test_ten_runs_at_once_all_complete(database_url: str) -> None:
         assert [d["output"] for d in done] == [{"result": (i + 1) * 2 + 3} for i in range(10)]
 
 
+async def test_a_full_dispatcher_leaves_new_runs_to_its_claim(database_url: str) -> None:
+    """With room for two invocations, six runs started at once are invoked two at a time: the
+    first taken as they are created, the rest claimed as room frees. All complete, each step
+    once, and no more than two invocations ever run together."""
+    counts: dict[str, int] = {}
+    now_running = 0
+    most = 0
+    sl = stepline.Stepline("secret-e2e")
+
+    @sl.workflow("slow")
+    async def slow(ctx: stepline.Context, input: int) -> int:
+        async def work() -> int:
+            nonlocal now_running, most
+            counts[f"work-{input}"] = counts.get(f"work-{input}", 0) + 1
+            now_running += 1
+            most = max(most, now_running)
+            await asyncio.sleep(0.3)  # long enough that the dispatcher is full meanwhile
+            now_running -= 1
+            return input * 10
+
+        return await ctx.step("work", work)  # type: ignore[no-any-return]
+
+    async with (
+        orchestrator_stack(database_url, max_inflight=2) as stack,
+        app_server(sl) as app_url,
+    ):
+        await stack.register(sl, app_url)
+        runs = await asyncio.gather(*(stack.client.start_run("slow", i) for i in range(6)))
+        done = await asyncio.gather(*(stack.client.wait_run(r["id"], timeout=30) for r in runs))
+        assert [d["output"] for d in done] == [i * 10 for i in range(6)]
+        assert counts == {f"work-{i}": 1 for i in range(6)}
+        assert most == 2
+        for run in runs:
+            history = (await stack.client.list_run_events(run["id"]))["events"]
+            assert [e["type"] for e in history][:2] == ["run.started", "invocation.started"]
+            assert [e["type"] for e in history].count("invocation.started") == 1
+
+
 async def test_changed_code_fails_the_run_with_nondeterminism(database_url: str) -> None:
     """A deploy renames a step a sleeping run already passed: on replay the run fails with a
     nondeterminism error naming both steps, and nothing after them runs."""

@@ -219,3 +219,44 @@ async def test_a_sleep_counts_from_when_the_workflow_reached_it(database_url: st
         assert before + minute - timedelta(seconds=1) <= wakes[2] <= after + minute
     finally:
         await conn.close()
+
+
+async def test_a_run_created_leased_is_begun_and_a_capped_one_is_left_to_the_claim(
+    database_url: str,
+) -> None:
+    """Created with a lease, a run needs no claim: its first invocation has begun, and progress
+    under the lease goes on from there. A workflow with a concurrency cap ignores the lease, so
+    the claim keeps judging its cap."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(conn, app, [("wf", {}), ("capped", {"concurrency": 1})], None)
+        lease = runs.Lease("here", 60)
+        free = await runs.insert(
+            conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", 1), lease=lease
+        )
+        capped = await runs.insert(
+            conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "capped", 2), lease=lease
+        )
+        assert free is not None and capped is not None
+        assert free["lease_owner"] == "here" and free["lease_token"] is not None
+        assert free["app_url"] == "http://127.0.0.1:9/" and not free["past_deadline"]
+        assert capped["lease_token"] is None
+
+        claimed = await dispatch.claim(conn, "other", 60, 10)
+        assert [r["id"] for r in claimed] == [capped["id"]]
+
+        plan = plan_updates(str(free["id"]), [StepUpdate(name="a", kind="run", action="start")])
+        progress = dispatch.Progress(free["id"], free["lease_token"], free["invocation_id"], plan)
+        assert free["id"] in await dispatch.apply_batch(conn, [progress])
+        history = await runs.events(conn, keys.DEFAULT_PROJECT, free["id"], 0, 50)
+        assert [(e["seq"], e["type"]) for e in history] == [
+            (1, "run.started"),
+            (2, "invocation.started"),
+            (3, "step.started"),
+        ]
+        assert history[1]["invocation_id"] == free["invocation_id"]
+        assert history[1]["data"] == {"attempt": 1}
+    finally:
+        await conn.close()

@@ -64,30 +64,33 @@ async def start_run(request: Request) -> Response:
         input=body.input,
         run_key=body.run_key,
     )
-    # This orchestrator's dispatcher takes the run at once; the others hear of it only when it
-    # has no room for more.
+    # This orchestrator's dispatcher takes the run at once (created leased to it, when it has
+    # room); the others hear of it only when it has none.
     notify = o.dispatcher.tell_others()
-    async with o.pool.acquire() as conn:
-        row = await runs.insert(conn, new, notify=notify)
-        if row is None:
-            if await apps.workflow(conn, pid, body.workflow) is None:
-                raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
-            assert body.run_key is not None
-            existing = await runs.by_key(conn, pid, body.run_key)
-            if existing is None:  # deleted in between: try once more
-                row = await runs.insert(conn, new, notify=notify)
-            elif existing["workflow"] == body.workflow and existing["input"] == body.input:
-                return json_response(await run_json(conn, existing), 200)
-            else:
-                raise RunKeyConflict(
-                    f"run key {body.run_key!r} belongs to run {existing['id']} with a different"
-                    " workflow or input",
-                    {"runId": str(existing["id"])},
-                )
+    with o.dispatcher.slot() as slot:
+        async with o.pool.acquire() as conn:
+            row = await runs.insert(conn, new, notify=notify, lease=slot.lease)
+            if row is None:
+                if await apps.workflow(conn, pid, body.workflow) is None:
+                    raise NotFound(
+                        f"no workflow named {body.workflow!r}; sync the app that hosts it"
+                    )
+                assert body.run_key is not None
+                existing = await runs.by_key(conn, pid, body.run_key)
+                if existing is None:  # deleted in between: try once more
+                    row = await runs.insert(conn, new, notify=notify, lease=slot.lease)
+                elif existing["workflow"] == body.workflow and existing["input"] == body.input:
+                    return json_response(await run_json(conn, existing), 200)
+                else:
+                    raise RunKeyConflict(
+                        f"run key {body.run_key!r} belongs to run {existing['id']} with a"
+                        " different workflow or input",
+                        {"runId": str(existing["id"])},
+                    )
         assert row is not None
-        o.dispatcher.wake()
-        o.metrics.inc("stepline_runs_started_total")
-        return json_response(serialize.run(row, row["app_slug"], []), 201)
+        slot.take(row)
+    o.metrics.inc("stepline_runs_started_total")
+    return json_response(serialize.run(row, row["app_slug"], []), 201)
 
 
 async def get_run(request: Request) -> Response:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import orjson
@@ -21,7 +21,7 @@ from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import dispatch
+from stepline_server.store import dispatch, runs
 from stepline_server.store.db import Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
@@ -51,6 +51,7 @@ class Dispatcher:
         self.owner = owner
         self.wakeup = asyncio.Event()
         self._inflight: dict[uuid.UUID, str] = {}
+        self._reserved = 0  # slots held for runs being created leased (see slot())
         self._told = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -63,7 +64,7 @@ class Dispatcher:
         """Whether new due work should wake the other orchestrators too (a NOTIFY, which
         PostgreSQL serialises at commit): only when this dispatcher has no room for it, and at
         most every 50 ms (one wake-up has a dispatcher claim all it has room for)."""
-        if len(self._inflight) < self.settings.max_inflight:
+        if len(self._inflight) + self._reserved < self.settings.max_inflight:
             return False
         now = time.monotonic()
         if now - self._told < 0.05:
@@ -75,11 +76,32 @@ class Dispatcher:
         """Look for due work now (a NOTIFY arrived or a run was started here)."""
         self.wakeup.set()
 
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[Slot]:
+        """Room for one run that the caller creates leased to this orchestrator, so that its
+        app is called without a claim (:func:`stepline_server.store.runs.insert`).
+        ``slot.lease`` is None when the dispatcher is full; the created row goes to
+        ``slot.take``. Room not taken is given back on leaving."""
+        room = len(self._inflight) + self._reserved < self.settings.max_inflight
+        lease = runs.Lease(self.owner, self.settings.lease_seconds) if room else None
+        if room:
+            self._reserved += 1
+        try:
+            yield Slot(self, lease)
+        finally:
+            if room:
+                self._reserved -= 1
+
+    def _adopt(self, row: Record) -> None:
+        """Invoke a run leased to this orchestrator with its invocation begun (no steps yet)."""
+        self._inflight[row["id"]] = row["lease_token"]
+        self._spawn(self._handle(row, []), f"invoke-{row['id']}", frees_slot=True)
+
     async def run(self) -> None:
         """Claim and invoke forever."""
         while True:
             self.wakeup.clear()
-            free = self.settings.max_inflight - len(self._inflight)
+            free = self.settings.max_inflight - len(self._inflight) - self._reserved
             claimed: list[Record] = []
             if free > 0:
                 async with self.pool.acquire() as conn:
@@ -100,7 +122,7 @@ class Dispatcher:
         timeout = self.settings.poll_seconds
         if self.wakeup.is_set():
             return  # something happened while claiming: look again at once
-        if len(self._inflight) < self.settings.max_inflight:
+        if len(self._inflight) + self._reserved < self.settings.max_inflight:
             async with self.pool.acquire() as conn:
                 due_in = await dispatch.next_due_in(conn)
             if due_in is not None:
@@ -267,6 +289,23 @@ class Dispatcher:
             retry_delay_ms=decision.delay_ms,
             reason=reason,
         )
+
+
+class Slot:
+    """See :meth:`Dispatcher.slot`."""
+
+    def __init__(self, dispatcher: Dispatcher, lease: runs.Lease | None) -> None:
+        self.lease = lease
+        self._dispatcher = dispatcher
+
+    def take(self, row: Record) -> None:
+        """Invoke ``row``'s run now when it was created leased here, else have the dispatcher
+        claim it."""
+        if self.lease is not None and row["lease_token"] is not None:
+            self.lease = None  # taken once
+            self._dispatcher._adopt(row)
+        else:
+            self._dispatcher.wake()
 
 
 def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> dispatch.Outcome:

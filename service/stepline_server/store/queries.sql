@@ -71,30 +71,47 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- name: insert_run
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
--- the workflow is not registered or the id or the run key exists.
+-- the workflow is not registered or the id or the run key exists. When $13 (an orchestrator)
+-- is given and the workflow has no concurrency cap, the run is created leased to it for $14
+-- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
+-- and the row carries what the invocation needs.
 WITH w AS (
-    SELECT w.app_id, w.options, a.slug FROM workflows w JOIN apps a ON a.id = w.app_id
+    SELECT w.app_id, w.options, a.slug, a.url, a.signing_secrets,
+           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL AS leased
+    FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
 r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
-                      ready_at, next_seq)
+                      ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
+                      progress_at)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-           now(), 2
+           CASE WHEN w.leased THEN now() + make_interval(secs => $14::double precision)
+                ELSE now() END,
+           CASE WHEN w.leased THEN 3 ELSE 2 END,
+           CASE WHEN w.leased THEN gen_random_uuid()::text END,
+           CASE WHEN w.leased THEN $13::text END,
+           CASE WHEN w.leased THEN gen_random_uuid() END,
+           CASE WHEN w.leased THEN now() END,
+           CASE WHEN w.leased THEN now() END
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
 ),
 e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, data)
-    SELECT id, 1, project_id, 'run.started', $11::jsonb FROM r
+    INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
+    SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
+    UNION ALL
+    SELECT id, 2, project_id, 'invocation.started', invocation_id, '{"attempt": 1}'::jsonb
+    FROM r WHERE lease_token IS NOT NULL
 )
-SELECT r.*, (SELECT slug FROM w) AS app_slug,
+SELECT r.*, w.slug AS app_slug, w.url AS app_url, w.signing_secrets AS app_secrets,
+       coalesce(r.deadline_at <= now(), false) AS past_deadline,
        CASE WHEN $12::boolean THEN pg_notify('stepline_wake', '') END
-FROM r;
+FROM r, w;
 
 -- name: get_run_by_key
 SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id

@@ -26,11 +26,26 @@ class NewRun:
     trigger: str = "api"
 
 
-async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | None:
+@dataclass(frozen=True)
+class Lease:
+    """A lease for a run to be created already claimed: its holder and how long it lasts."""
+
+    owner: str
+    seconds: float
+
+
+async def insert(
+    conn: Conn, run: NewRun, *, notify: bool = True, lease: Lease | None = None
+) -> Record | None:
     """Create the run (its app and options from its workflow) with its ``run.started`` event;
     the row has its app's slug. None when the workflow is not registered, or the run's id or
     run key exists. ``notify``: wake every orchestrator's dispatcher (a NOTIFY, which
-    PostgreSQL serialises at commit), not needed when the caller's own dispatcher takes it."""
+    PostgreSQL serialises at commit), not needed when the caller's own dispatcher takes it.
+
+    With ``lease``, a run of a workflow without a concurrency cap is created leased and its
+    first invocation begun, as a claim would leave it (``lease_token`` set, and the row has
+    what :class:`~stepline_server.loops.dispatcher.Dispatcher` needs to invoke it): one
+    statement instead of three before the app is called."""
     return await conn.fetchrow(
         Q["insert_run"],
         run.id,
@@ -45,6 +60,8 @@ async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | No
         run.trigger,
         {"trigger": run.trigger},
         notify,
+        lease.owner if lease else None,
+        lease.seconds if lease else None,
     )
 
 
