@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from stepline.protocol import Action, StepKind, StepUpdate
 from stepline_server.engine.steps import Plan, plan_updates
 from stepline_server.loops.batcher import ProgressBatcher
-from stepline_server.store import apps, db, dispatch, keys, runs
+from stepline_server.store import apps, db, dispatch, keys, runs, waits
 
 
 async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid.UUID]]:
@@ -258,5 +258,64 @@ async def test_a_run_created_leased_is_begun_and_a_capped_one_is_left_to_the_cla
         ]
         assert history[1]["invocation_id"] == free["invocation_id"]
         assert history[1]["data"] == {"attempt": 1}
+    finally:
+        await conn.close()
+
+
+async def test_completing_a_callback_leases_its_suspended_run(database_url: str) -> None:
+    """A callback completed with a lease hands its suspended run straight to that orchestrator:
+    the run is leased (no claim finds it), its begin records the invocation and shows the
+    callback done, and the invocation may suspend again without being run once more for the
+    wake-up it has already seen. Completed while an invocation is active, the run stays with
+    that invocation."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        [(run_id, token, inv), (busy_id, busy_token, busy_inv)] = await _leased_runs(conn, 2)
+        callbacks: dict[uuid.UUID, uuid.UUID] = {}
+        for rid, tok, iid in ((run_id, token, inv), (busy_id, busy_token, busy_inv)):
+            update = StepUpdate(name="cb", kind="callback", action="callback")
+            plan = plan_updates(str(rid), [update])
+            callbacks[rid] = uuid.UUID(plan.callbacks[0][0])
+            suspend = dispatch.Outcome(status="suspended") if rid == run_id else None
+            assert await dispatch.commit(
+                conn, [dispatch.Progress(rid, tok, iid, plan, outcome=suspend)]
+            )
+
+        lease = runs.Lease("here", 60)
+        done = await waits.complete_callback(conn, callbacks[run_id], None, {"ok": 1}, lease=lease)
+        assert done.completed and done.claim is not None
+        claim = done.claim
+        assert claim["id"] == run_id and claim["lease_token"] not in (None, token)
+        assert claim["app_url"] == "http://127.0.0.1:9/" and claim["invoke_attempts"] == 0
+        assert await dispatch.claim(conn, "other", 60, 10) == []
+
+        steps = await dispatch.begin_invocations(
+            conn, [(run_id, claim["invocation_id"], claim["invoke_attempts"] + 1)]
+        )
+        assert [(s["name"], s["status"], s["output"]) for s in steps[run_id]] == [
+            ("cb", "completed", {"ok": 1})
+        ]
+        again = dispatch.Progress(
+            run_id,
+            claim["lease_token"],
+            claim["invocation_id"],
+            Plan(),
+            outcome=dispatch.Outcome(status="suspended"),
+        )
+        assert (await dispatch.commit(conn, [again]))[run_id].recorded
+        row = await conn.fetchrow("SELECT ready_at, lease_token FROM runs WHERE id = $1", run_id)
+        assert row["ready_at"] is None and row["lease_token"] is None
+        history = await runs.events(conn, keys.DEFAULT_PROJECT, run_id, 0, 50)
+        assert [e["type"] for e in history][-3:] == [
+            "callback.completed",
+            "step.completed",
+            "invocation.started",
+        ]
+
+        busy = await waits.complete_callback(conn, callbacks[busy_id], None, None, lease=lease)
+        assert busy.completed and busy.claim is None
+        row = await conn.fetchrow("SELECT lease_token FROM runs WHERE id = $1", busy_id)
+        assert row["lease_token"] == busy_token
     finally:
         await conn.close()

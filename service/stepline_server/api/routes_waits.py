@@ -35,18 +35,23 @@ async def get_callback(request: Request) -> Response:
 async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> Response:
     o = orch(request)
     body = await read_json(request)
-    async with o.pool.acquire() as conn:
-        row, completed = await waits.complete_callback(
-            conn, cid, pid, body, notify=o.dispatcher.tell_others()
-        )
-    if row is None:
-        raise NotFound(f"no callback with id {cid}")
-    if not completed:
-        raise InvalidState(
-            f"the callback is already {row['status']}; its first body is kept",
-            {"status": row["status"]},
-        )
-    o.dispatcher.wake()
+    # The run is leased to this orchestrator as the callback completes, when its dispatcher
+    # has room; the others hear of it only when it has none.
+    notify = o.dispatcher.tell_others()
+    with o.dispatcher.slot() as slot:
+        async with o.pool.acquire() as conn:
+            done = await waits.complete_callback(
+                conn, cid, pid, body, notify=notify, lease=slot.lease
+            )
+        row = done.callback
+        if row is None:
+            raise NotFound(f"no callback with id {cid}")
+        if not done.completed:
+            raise InvalidState(
+                f"the callback is already {row['status']}; its first body is kept",
+                {"status": row["status"]},
+            )
+        slot.take(done.claim, begun=False)
     return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
 
 

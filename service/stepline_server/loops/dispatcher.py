@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -52,6 +52,8 @@ class Dispatcher:
         self.wakeup = asyncio.Event()
         self._inflight: dict[uuid.UUID, str] = {}
         self._reserved = 0  # slots held for runs being created leased (see slot())
+        self._to_begin: list[Mapping[str, Any]] = []
+        self._beginning = False
         self._told = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -92,10 +94,14 @@ class Dispatcher:
             if room:
                 self._reserved -= 1
 
-    def _adopt(self, row: Record) -> None:
-        """Invoke a run leased to this orchestrator with its invocation begun (no steps yet)."""
-        self._inflight[row["id"]] = row["lease_token"]
-        self._spawn(self._handle(row, []), f"invoke-{row['id']}", frees_slot=True)
+    def _adopt(self, claim: Mapping[str, Any], begun: bool) -> None:
+        """Invoke a run that was leased to this orchestrator as it was written: ``begun``, its
+        invocation has begun (a new run: no steps yet), else it begins first."""
+        self._inflight[claim["id"]] = claim["lease_token"]
+        if begun:
+            self._spawn(self._handle(claim, []), f"invoke-{claim['id']}", frees_slot=True)
+        else:
+            self._queue_begin([claim])
 
     async def run(self) -> None:
         """Claim and invoke forever."""
@@ -112,7 +118,7 @@ class Dispatcher:
                     for row in claimed:
                         self._inflight[row["id"]] = row["lease_token"]
                     # The next claim need not wait for these invocations to begin.
-                    self._spawn(self._begin(claimed), "begin", frees_slot=False)
+                    self._queue_begin(claimed)
             if claimed and len(claimed) == free:
                 await asyncio.sleep(0)
                 continue
@@ -138,7 +144,23 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._done if frees_slot else self._tasks.discard)
 
-    async def _begin(self, claimed: list[Record]) -> None:
+    def _queue_begin(self, claimed: Sequence[Mapping[str, Any]]) -> None:
+        """Begin these invocations with the next group: one begin statement runs at a time,
+        and the runs claimed meanwhile begin together after it."""
+        self._to_begin.extend(claimed)
+        if not self._beginning:
+            self._beginning = True
+            self._spawn(self._begin_queued(), "begin", frees_slot=False)
+
+    async def _begin_queued(self) -> None:
+        try:
+            while self._to_begin:
+                group, self._to_begin = self._to_begin, []
+                await self._begin(group)
+        finally:
+            self._beginning = False
+
+    async def _begin(self, claimed: Sequence[Mapping[str, Any]]) -> None:
         """Begin every claimed run's invocation in one statement (a run past its time limit is
         not invoked: it ends), then invoke each. Should that statement fail, the runs are let
         go: their leases expire and they are claimed again."""
@@ -185,7 +207,7 @@ class Dispatcher:
                 # the invocation that freed the slot), goes now.
                 await dispatch.release_held(conn)
 
-    async def _handle(self, claim: Record, steps: list[Record]) -> None:
+    async def _handle(self, claim: Mapping[str, Any], steps: list[Record]) -> None:
         run_id: uuid.UUID = claim["id"]
         structlog.contextvars.bind_contextvars(run_id=str(run_id))
         try:
@@ -198,7 +220,7 @@ class Dispatcher:
                 await self._release_held()
             structlog.contextvars.unbind_contextvars("run_id")
 
-    async def _invoke(self, claim: Record, steps: list[Record]) -> None:
+    async def _invoke(self, claim: Mapping[str, Any], steps: list[Record]) -> None:
         """Invoke the app for a claimed run whose invocation has begun (``steps`` as they are
         now), and record how the invocation ended."""
         run_id: uuid.UUID = claim["id"]
@@ -272,7 +294,7 @@ class Dispatcher:
 
     def _failure(
         self,
-        claim: Record,
+        claim: Mapping[str, Any],
         reason: str,
         http_status: int | None,
         duration_ms: int,
@@ -298,12 +320,12 @@ class Slot:
         self.lease = lease
         self._dispatcher = dispatcher
 
-    def take(self, row: Record) -> None:
-        """Invoke ``row``'s run now when it was created leased here, else have the dispatcher
-        claim it."""
-        if self.lease is not None and row["lease_token"] is not None:
+    def take(self, claim: Mapping[str, Any] | None, *, begun: bool = True) -> None:
+        """Invoke the run of ``claim`` (a row that leased it here; ``begun``: with its
+        invocation begun) now, else have the dispatcher claim what is due."""
+        if self.lease is not None and claim is not None and claim["lease_token"] is not None:
             self.lease = None  # taken once
-            self._dispatcher._adopt(row)
+            self._dispatcher._adopt(claim, begun)
         else:
             self._dispatcher.wake()
 

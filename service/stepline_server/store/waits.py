@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from stepline_server.engine import runs as rules
@@ -17,6 +18,17 @@ async def get_callback(
     return await conn.fetchrow(Q["get_callback"], callback_id, project_id)
 
 
+@dataclass(frozen=True)
+class Completed:
+    """What completing a callback did: the callback (None when it does not exist), whether this
+    call completed it, and the run's claim when the call leased the run (see
+    :func:`complete_callback`)."""
+
+    callback: Record | None
+    completed: bool
+    claim: dict[str, Any] | None = None
+
+
 async def complete_callback(
     conn: Conn,
     callback_id: uuid.UUID,
@@ -24,14 +36,42 @@ async def complete_callback(
     body: Any,
     *,
     notify: bool = True,
-) -> tuple[Record | None, bool]:
-    """Complete a pending callback with ``body``: (the callback, whether this call completed it).
-    The callback is None when it does not exist (in ``project_id``, when given). ``notify``:
-    wake every orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says."""
-    row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
-    if row is not None:
-        return row, True
-    return await get_callback(conn, callback_id, project_id), False
+    lease: runs.Lease | None = None,
+) -> Completed:
+    """Complete a pending callback with ``body``; its run wakes. ``notify``: wake every
+    orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says. With
+    ``lease``, a run with no invocation active and no concurrency cap is leased at once (the
+    claim it would otherwise wait for), and :attr:`Completed.claim` holds what
+    :func:`stepline_server.store.dispatch.claim` answers for a run."""
+    row = await conn.fetchrow(
+        Q["complete_callback"],
+        callback_id,
+        body,
+        project_id,
+        notify,
+        lease.owner if lease else None,
+        lease.seconds if lease else None,
+    )
+    if row is None:
+        return Completed(await get_callback(conn, callback_id, project_id), False)
+    claim = None
+    if row["run_claimed"]:
+        claim = {"id": row["run_id"]} | {name: row[f"run_{name}"] for name in _CLAIM_COLUMNS}
+    return Completed(row, True, claim)
+
+
+_CLAIM_COLUMNS = (
+    "workflow",
+    "input",
+    "options",
+    "cancel_requested",
+    "past_deadline",
+    "lease_token",
+    "invocation_id",
+    "invoke_attempts",
+    "app_url",
+    "app_secrets",
+)
 
 
 async def send_event(conn: Conn, project_id: uuid.UUID, name: str, data: Any) -> list[uuid.UUID]:
