@@ -89,7 +89,12 @@ class Orchestrator:
             )
             self.supervisor.add(
                 "listener",
-                lambda: listener.listen(self.dsn, self.dispatcher.wake, self.waiters.ended),
+                lambda: listener.listen(
+                    self.dsn,
+                    self.dispatcher.wake,
+                    self.waiters.ended,
+                    on_connected=self.waiters.wake_all,
+                ),
             )
             self.supervisor.start()
 

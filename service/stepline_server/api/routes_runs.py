@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from datetime import datetime
@@ -26,6 +28,7 @@ from stepline_server.store import apps, runs, waits
 from stepline_server.store.db import Conn, Record
 
 MAX_WAIT = 60.0
+RECHECK_SECONDS = 5.0  # a long poll reads the run again at least this often
 
 
 class RunStart(BaseModel):
@@ -105,14 +108,18 @@ async def get_run(request: Request) -> Response:
     o = orch(request)
     deadline = time.monotonic() + wait
     while True:
-        async with o.pool.acquire() as conn:
-            row = await runs.get(conn, pid, run_id)
-            if row is None:
-                raise NotFound(f"no run with id {run_id}")
-            left = deadline - time.monotonic()
-            if row["status"] in rules.ENDED or left <= 0:
-                return json_response(await run_json(conn, row))
-        await o.waiters.wait(str(run_id), min(left, 1.0))
+        with o.waiters.watch(str(run_id)) as ended:
+            async with o.pool.acquire() as conn:
+                row = await runs.get(conn, pid, run_id)
+                if row is None:
+                    raise NotFound(f"no run with id {run_id}")
+                left = deadline - time.monotonic()
+                if row["status"] in rules.ENDED or left <= 0:
+                    return json_response(await run_json(conn, row))
+            # The end notification wakes the wait; looking again now and then only covers a
+            # listener that lost its connection before it reconnected.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), min(left, RECHECK_SECONDS))
 
 
 def _time(request: Request, name: str) -> datetime | None:

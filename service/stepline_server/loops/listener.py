@@ -28,10 +28,12 @@ async def listen(
     on_notify: Callable[[], None],
     on_ended: Callable[[str], None] | None = None,
     *,
+    on_connected: Callable[[], None] | None = None,
     retry_seconds: float = 1.0,
 ) -> None:
     """Call ``on_notify`` for every NOTIFY on the wake channel, ``on_ended`` with the id of
-    every run that ended; loops still poll without them."""
+    every run that ended, ``on_connected`` each time it starts listening (what it missed while
+    away is unknown); loops still poll without them."""
     while True:
         conn = None
         try:
@@ -45,6 +47,8 @@ async def listen(
                 await conn.add_listener(ENDED_CHANNEL, _ended_callback(on_ended))
             log.info("listener_connected")
             on_notify()  # anything that came due while we were away
+            if on_connected is not None:
+                on_connected()
             while not conn.is_closed():
                 await asyncio.sleep(retry_seconds * 5)
                 await conn.execute("SELECT 1")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 
 
 class RunWaiters:
@@ -16,14 +18,21 @@ class RunWaiters:
         for event in self._waiting.pop(run_id, ()):
             event.set()
 
-    async def wait(self, run_id: str, timeout: float) -> None:
-        """Return when ``run_id`` ends or after ``timeout`` seconds, whichever is first."""
+    def wake_all(self) -> None:
+        """Have every caller look again (notifications may have been missed)."""
+        waiting, self._waiting = self._waiting, defaultdict(set)
+        for events in waiting.values():
+            for event in events:
+                event.set()
+
+    @contextlib.contextmanager
+    def watch(self, run_id: str) -> Iterator[asyncio.Event]:
+        """An event set when ``run_id`` ends from now on. Watch before reading the run: an end
+        committed after the read is then never missed."""
         event = asyncio.Event()
         self._waiting[run_id].add(event)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
+            yield event
         finally:
             waiting = self._waiting.get(run_id)
             if waiting is not None:
