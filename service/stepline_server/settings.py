@@ -24,6 +24,10 @@ class Settings:
     invoke_timeout_seconds: float = 300.0
     max_inflight: int = 48
     poll_seconds: float = 2.0
+    # Runs are claimed and begun this long before a timer of theirs is due (a sleep's end, a
+    # wait's timeout, a retry's delay), and their app called when it is due, so that the
+    # claim's and the begin's time does not make the timer late.
+    timer_lead_seconds: float = 0.02
     default_invoke_attempts: int = 5
     retention_days: float = 30.0
     # Schedules.
@@ -59,6 +63,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         invoke_timeout_seconds=float(e.get("STEPLINE_INVOKE_TIMEOUT", s.invoke_timeout_seconds)),
         max_inflight=int(e.get("STEPLINE_MAX_INFLIGHT", s.max_inflight)),
         poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
+        timer_lead_seconds=float(e.get("STEPLINE_TIMER_LEAD_SECONDS", s.timer_lead_seconds)),
         retention_days=float(e.get("STEPLINE_RETENTION_DAYS", s.retention_days)),
         default_invoke_attempts=int(e.get("STEPLINE_INVOKE_ATTEMPTS", s.default_invoke_attempts)),
         scheduler_poll_seconds=float(

@@ -138,6 +138,31 @@ async def test_sleep_resumes_on_time(database_url: str) -> None:
         ]
 
 
+async def test_a_sleep_claimed_ahead_of_time_never_resumes_early(database_url: str) -> None:
+    """With a timer lead longer than the sleep, the run is claimed and begun at once, yet the
+    workflow resumes only once its sleep is over: the time it reads after the sleep is past
+    the wake time the orchestrator recorded, and the sleep ends at its wake time."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("short-nap")
+    async def short_nap(ctx: stepline.Context, input: Any) -> str:
+        await ctx.sleep("nap", 0.4)
+        return (await ctx.now("after")).isoformat()
+
+    async with (
+        orchestrator_stack(database_url, timer_lead_seconds=2.0) as stack,
+        app_server(sl) as app_url,
+    ):
+        await stack.register(sl, app_url)
+        run = await stack.client.start_run("short-nap", None)
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        assert done["status"] == "completed", done
+        nap = step_of(done, "nap")
+        wake_at = datetime.fromisoformat(nap["wakeAt"])
+        assert datetime.fromisoformat(done["output"]) >= wake_at
+        assert datetime.fromisoformat(nap["endedAt"]) == wake_at
+
+
 async def test_sleeping_runs_survive_an_orchestrator_restart(database_url: str) -> None:
     """Runs sleeping when the orchestrator stops all complete under a new orchestrator."""
     counts: Counts = {}

@@ -319,3 +319,48 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
         assert row["lease_token"] == busy_token
     finally:
         await conn.close()
+
+
+async def test_timers_due_within_the_lead_are_claimed_and_settled_as_of_their_due_time(
+    database_url: str,
+) -> None:
+    """A run whose sleep ends within the lead is claimed and begun ahead of it: the claim says
+    how soon it is due, the sleep is recorded as ending at its due time (never earlier), the
+    history says so in order, and the begin says how long the app must wait. A sleep ending
+    beyond the lead is left alone."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        leased = await _leased_runs(conn, 2)
+        for (run_id, token, inv), delay in zip(leased, (400, 60_000), strict=True):
+            nap = StepUpdate(name="nap", kind="sleep", action="sleep", delayMs=delay)
+            plan = plan_updates(str(run_id), [nap])
+            progress = dispatch.Progress(
+                run_id, token, inv, plan, outcome=dispatch.Outcome("suspended")
+            )
+            assert (await dispatch.commit(conn, [progress]))[run_id].recorded
+        soon, later = leased[0][0], leased[1][0]
+
+        assert await dispatch.claim(conn, "here", 60, 10) == []
+        [claim] = await dispatch.claim(conn, "here", 60, 10, lead=5.0)
+        assert claim["id"] == soon and 0 < claim["due_in"] <= 0.4
+
+        steps = await dispatch.begin_invocations(
+            conn, [(soon, claim["invocation_id"], 1)], lead=5.0
+        )
+        [nap] = steps[soon]
+        assert nap["status"] == "completed" and 0 < nap["wait_s"] <= 0.4
+        row = await conn.fetchrow(
+            "SELECT wake_at, ended_at FROM steps WHERE run_id = $1 AND name = 'nap'", soon
+        )
+        assert row["ended_at"] == row["wake_at"]
+        history = await runs.events(conn, keys.DEFAULT_PROJECT, soon, 0, 50)
+        assert [e["type"] for e in history][-2:] == ["step.completed", "invocation.started"]
+        assert history[-2]["at"] == history[-1]["at"] == row["wake_at"]
+
+        untouched = await conn.fetchval(
+            "SELECT status::text FROM steps WHERE run_id = $1 AND name = 'nap'", later
+        )
+        assert untouched == "sleeping"
+    finally:
+        await conn.close()

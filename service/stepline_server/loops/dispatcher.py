@@ -53,6 +53,9 @@ class Dispatcher:
         self._inflight: dict[uuid.UUID, str] = {}
         self._reserved = 0  # slots held for runs being created leased (see slot())
         self._to_begin: list[Mapping[str, Any]] = []
+        # Runs claimed ahead of their due time (settings.timer_lead_seconds): not invoked
+        # before this monotonic time.
+        self._not_before: dict[uuid.UUID, float] = {}
         self._beginning = False
         self._told = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -110,13 +113,20 @@ class Dispatcher:
             free = self.settings.max_inflight - len(self._inflight) - self._reserved
             claimed: list[Record] = []
             if free > 0:
+                asked = time.monotonic()
                 async with self.pool.acquire() as conn:
                     claimed = await dispatch.claim(
-                        conn, self.owner, self.settings.lease_seconds, free
+                        conn,
+                        self.owner,
+                        self.settings.lease_seconds,
+                        free,
+                        self.settings.timer_lead_seconds,
                     )
                 if claimed:
                     for row in claimed:
                         self._inflight[row["id"]] = row["lease_token"]
+                        if row["due_in"] > 0:
+                            self._not_before[row["id"]] = asked + row["due_in"]
                     # The next claim need not wait for these invocations to begin.
                     self._queue_begin(claimed)
             if claimed and len(claimed) == free:
@@ -134,7 +144,7 @@ class Dispatcher:
             if due_in is not None:
                 # A run due now that the claim skipped is locked by another transaction: look
                 # again shortly rather than spin.
-                timeout = max(0.005, min(timeout, due_in))
+                timeout = max(0.005, min(timeout, due_in - self.settings.timer_lead_seconds))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout)
 
@@ -162,8 +172,10 @@ class Dispatcher:
 
     async def _begin(self, claimed: Sequence[Mapping[str, Any]]) -> None:
         """Begin every claimed run's invocation in one statement (a run past its time limit is
-        not invoked: it ends), then invoke each. Should that statement fail, the runs are let
-        go: their leases expire and they are claimed again."""
+        not invoked: it ends), then invoke each, not before what it waited for is due. Should
+        that statement fail, the runs are let go: their leases expire and they are claimed
+        again."""
+        asked = time.monotonic()
         try:
             async with self.pool.acquire() as conn:
                 steps = await dispatch.begin_invocations(
@@ -173,14 +185,20 @@ class Dispatcher:
                         for row in claimed
                         if not row["past_deadline"]
                     ],
+                    self.settings.timer_lead_seconds,
                 )
         except Exception:
             log.exception("begin_failed", runs=len(claimed))
             for row in claimed:
                 self._inflight.pop(row["id"], None)
+                self._not_before.pop(row["id"], None)
             return
         for row in claimed:
-            invocation = self._handle(row, steps.get(row["id"], []))
+            run_steps = steps.get(row["id"], [])
+            not_before = self._not_before.pop(row["id"], 0.0)
+            if run_steps and run_steps[0]["wait_s"] > 0:
+                not_before = max(not_before, asked + run_steps[0]["wait_s"])
+            invocation = self._handle(row, run_steps, not_before)
             self._spawn(invocation, f"invoke-{row['id']}", frees_slot=True)
 
     def _done(self, task: asyncio.Task[None]) -> None:
@@ -207,11 +225,13 @@ class Dispatcher:
                 # the invocation that freed the slot), goes now.
                 await dispatch.release_held(conn)
 
-    async def _handle(self, claim: Mapping[str, Any], steps: list[Record]) -> None:
+    async def _handle(
+        self, claim: Mapping[str, Any], steps: list[Record], not_before: float = 0.0
+    ) -> None:
         run_id: uuid.UUID = claim["id"]
         structlog.contextvars.bind_contextvars(run_id=str(run_id))
         try:
-            await self._invoke(claim, steps)
+            await self._invoke(claim, steps, not_before)
         except Exception:
             log.exception("invocation_crashed")
         finally:
@@ -220,9 +240,11 @@ class Dispatcher:
                 await self._release_held()
             structlog.contextvars.unbind_contextvars("run_id")
 
-    async def _invoke(self, claim: Mapping[str, Any], steps: list[Record]) -> None:
+    async def _invoke(
+        self, claim: Mapping[str, Any], steps: list[Record], not_before: float
+    ) -> None:
         """Invoke the app for a claimed run whose invocation has begun (``steps`` as they are
-        now), and record how the invocation ended."""
+        now), not before ``not_before`` (monotonic), and record how the invocation ended."""
         run_id: uuid.UUID = claim["id"]
         token: str = claim["lease_token"]
         invocation_id: uuid.UUID = claim["invocation_id"]
@@ -239,6 +261,8 @@ class Dispatcher:
         attempt = claim["invoke_attempts"] + 1
         if claim["app_url"] is None:
             return
+        if (early := not_before - time.monotonic()) > 0:
+            await asyncio.sleep(early)  # claimed and begun ahead of a timer: call on time
         body = invoke_body(
             claim, steps, attempt=attempt, api_url=self.settings.base_url, signer=self.signer
         )

@@ -12,9 +12,12 @@ from stepline_server.store import runs, schedules
 from stepline_server.store.db import Conn, Q, Record
 
 
-async def claim(conn: Conn, owner: str, lease_seconds: float, limit: int) -> list[Record]:
-    """Lease up to ``limit`` due runs to this orchestrator."""
-    return list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds))
+async def claim(
+    conn: Conn, owner: str, lease_seconds: float, limit: int, lead: float = 0.0
+) -> list[Record]:
+    """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator; each row's
+    ``due_in`` says in how many seconds it is due."""
+    return list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead))
 
 
 async def release_held(conn: Conn) -> int:
@@ -39,11 +42,12 @@ async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_secon
 
 
 async def begin_invocations(
-    conn: Conn, starts: list[tuple[uuid.UUID, uuid.UUID, int]]
+    conn: Conn, starts: list[tuple[uuid.UUID, uuid.UUID, int]], lead: float = 0.0
 ) -> dict[uuid.UUID, list[Record]]:
-    """For each (run, invocation, attempt) just claimed: settle the timers and timeouts that
-    have come due and record the invocation starting; answer each run's steps (a run with none
-    is missing from the answer)."""
+    """For each (run, invocation, attempt) just claimed: settle the timers and timeouts due
+    within ``lead`` seconds (as of their due times) and record the invocation starting; answer
+    each run's steps (a run with none is missing from the answer). Each step row's ``wait_s``
+    says how long the app must not be called yet: until the last timer settled is due."""
     if not starts:
         return {}
     begun = [
@@ -51,7 +55,7 @@ async def begin_invocations(
         for run_id, invocation_id, attempt in starts
     ]
     steps: dict[uuid.UUID, list[Record]] = {}
-    for row in await conn.fetch(Q["begin_invocations"], begun):
+    for row in await conn.fetch(Q["begin_invocations"], begun, lead):
         steps.setdefault(row["run_id"], []).append(row)
     return steps
 

@@ -162,21 +162,22 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
     deployment_id, http_status, duration_ms, data, ord);
 
 -- name: claim_due
--- Takes up to $1 runs whose ready_at has come, and leases each to one invocation: the run's
--- ready_at moves to the end of the lease, so a crashed orchestrator's run comes due again. A run
--- of a workflow with a concurrency cap whose invocations in flight fill the cap is held instead
--- (ready_at at its deadline) until release_held lets it go.
+-- Takes up to $1 runs whose ready_at comes within $4 seconds, and leases each to one
+-- invocation: the run's ready_at moves to the end of the lease, so a crashed orchestrator's run
+-- comes due again; due_in says in how many seconds the run is due (0: now). A run of a workflow
+-- with a concurrency cap whose invocations in flight fill the cap is held instead (ready_at at
+-- its deadline) until release_held lets it go.
 WITH due AS (
     SELECT id, project_id, workflow, (options ->> 'concurrency')::integer AS cap, ready_at,
            coalesce(deadline_at <= now(), false) AS late
     FROM runs
-    WHERE ready_at <= now()
+    WHERE ready_at <= now() + make_interval(secs => $4::double precision)
     ORDER BY ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 judged AS (
-    SELECT d.id,
+    SELECT d.id, d.ready_at,
            CASE WHEN d.cap IS NULL OR d.late THEN true
                 ELSE row_number() OVER (PARTITION BY d.project_id, d.workflow, d.cap IS NULL
                                         ORDER BY d.ready_at)
@@ -205,6 +206,7 @@ WHERE r.id = judged.id AND judged.go
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, r.deadline_at <= now() AS past_deadline, r.lease_token,
           r.invocation_id, r.invoke_attempts, r.wake_seq,
+          greatest(extract(epoch FROM judged.ready_at - now()), 0)::double precision AS due_in,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -238,10 +240,12 @@ FROM jsonb_array_elements($1::jsonb) AS item
 WHERE r.id = h.id AND r.lease_token = h.token AND jsonb_typeof(item) = 'object';
 
 -- name: begin_invocations
--- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what came due (sleeps
--- complete; event waits past their timeout complete with null; callbacks past theirs fail as
--- timed out) and records its invocation starting. Returns the steps of every run as they are
--- now, by run, in the order they were first recorded.
+-- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what comes due within
+-- $2 seconds (sleeps complete; event waits past their timeout complete with null; callbacks past
+-- theirs fail as timed out), each as of its due time, and records its invocation starting.
+-- Returns the steps of every run as they are now, by run, in the order they were first recorded;
+-- wait_s on each says in how many seconds the last of the run's settled timers is due: the app
+-- must not be called before.
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, invocation_id uuid,
@@ -253,32 +257,41 @@ resolved AS (
         status = CASE WHEN kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
         error = CASE WHEN kind = 'callback'
             THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
-        ended_at = now()
+        ended_at = greatest(now(), CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
+                                        ELSE steps.timeout_at END)
     FROM q
     WHERE steps.run_id = q.run_id
-      AND ((steps.status = 'sleeping' AND steps.wake_at <= now())
+      AND ((steps.status = 'sleeping'
+            AND steps.wake_at <= now() + make_interval(secs => $2::double precision))
            OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
-               AND steps.timeout_at <= now()))
-    RETURNING steps.run_id, steps.name, steps.kind, steps.callback_id, steps.status, steps.error
+               AND steps.timeout_at <= now() + make_interval(secs => $2::double precision)))
+    RETURNING steps.run_id, steps.name, steps.kind, steps.callback_id, steps.status,
+              steps.error, steps.ended_at
 ),
 timed_out AS (
-    UPDATE callbacks c SET status = 'timedOut', completed_at = now()
+    UPDATE callbacks c SET status = 'timedOut', completed_at = resolved.ended_at
     FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
 ),
+-- When each run's invocation may start: now, or when the last timer it settled is due.
+starts AS (
+    SELECT q.run_id, greatest(now(), max(rv.ended_at)) AS at
+    FROM q LEFT JOIN resolved rv ON rv.run_id = q.run_id
+    GROUP BY q.run_id
+),
 evs AS (
-    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, name) AS ord, type, name,
-           invocation_id, data
+    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, at, name) AS ord, at,
+           type, name, invocation_id, data
     FROM (
-        SELECT run_id, 0 AS k,
+        SELECT run_id, 0 AS k, ended_at AS at,
                CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END AS type,
                name, NULL::uuid AS invocation_id,
                CASE WHEN kind = 'sleep' THEN jsonb_build_object('kind', kind)
                     ELSE jsonb_build_object('kind', kind, 'timedOut', true) END AS data
         FROM resolved
         UNION ALL
-        SELECT run_id, 1, 'invocation.started', NULL, invocation_id,
-               jsonb_build_object('attempt', attempt)
-        FROM q
+        SELECT q.run_id, 1, starts.at, 'invocation.started', NULL, q.invocation_id,
+               jsonb_build_object('attempt', q.attempt)
+        FROM q JOIN starts ON starts.run_id = q.run_id
     ) x
 ),
 counts AS (
@@ -290,17 +303,19 @@ r AS (
     RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
 ),
 history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, data)
-    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.invocation_id,
-           evs.data
+    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id, data)
+    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.at, evs.type, evs.name,
+           evs.invocation_id, evs.data
     FROM r JOIN evs ON evs.run_id = r.id
 )
 -- The steps as read before this statement, with what it just settled laid over them.
 SELECT s.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
        s.attempt, s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
        s.child_run_id,
-       CASE WHEN rv.kind = 'callback' THEN 'timedOut' ELSE c.status END AS callback_status
+       CASE WHEN rv.kind = 'callback' THEN 'timedOut' ELSE c.status END AS callback_status,
+       extract(epoch FROM starts.at - now())::double precision AS wait_s
 FROM q
+JOIN starts ON starts.run_id = q.run_id
 JOIN steps s ON s.run_id = q.run_id
 LEFT JOIN resolved rv ON rv.run_id = s.run_id AND rv.name = s.name
 LEFT JOIN callbacks c ON c.id = s.callback_id
