@@ -58,6 +58,7 @@ class Dispatcher:
         self._not_before: dict[uuid.UUID, float] = {}
         self._beginning = False
         self._told = 0.0
+        self._running = False  # runs are leased to this dispatcher only while it runs
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -85,9 +86,9 @@ class Dispatcher:
     def slot(self) -> Iterator[Slot]:
         """Room for one run that the caller creates leased to this orchestrator, so that its
         app is called without a claim (:func:`stepline_server.store.runs.insert`).
-        ``slot.lease`` is None when the dispatcher is full; the created row goes to
+        ``slot.lease`` is None when the dispatcher is full or not running; the created row goes to
         ``slot.take``. Room not taken is given back on leaving."""
-        room = len(self._inflight) + self._reserved < self.settings.max_inflight
+        room = self._running and (len(self._inflight) + self._reserved < self.settings.max_inflight)
         lease = runs.Lease(self.owner, self.settings.lease_seconds) if room else None
         if room:
             self._reserved += 1
@@ -108,6 +109,13 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Claim and invoke forever."""
+        self._running = True
+        try:
+            await self._claim_forever()
+        finally:
+            self._running = False
+
+    async def _claim_forever(self) -> None:
         while True:
             self.wakeup.clear()
             free = self.settings.max_inflight - len(self._inflight) - self._reserved
