@@ -362,6 +362,39 @@ async def test_event_resumes_only_the_matching_run(database_url: str) -> None:
         assert "event.received" not in [t for t, _ in pairs]
 
 
+async def test_one_event_resumes_every_wait_for_it(database_url: str) -> None:
+    """An event resumes every run waiting for it, and every wait for it within a run: two
+    runs, one of them waiting twice in parallel. The answer counts runs, each history numbers
+    its events without a gap, and the event's id is the one it was stored under."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("gate")
+    async def gate(ctx: stepline.Context, input: int) -> Any:
+        waits = [
+            ctx.wait_for_event(f"open-{i}", event="gate.open", timeout="30s") for i in range(input)
+        ]
+        return await asyncio.gather(*waits)
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        twice = await stack.client.start_run("gate", 2)
+        once = await stack.client.start_run("gate", 1)
+        await step_in(stack, twice["id"], "open-1", "waiting")
+        await step_in(stack, once["id"], "open-0", "waiting")
+
+        sent = await stack.client.send_event("gate.open", {"at": 1})
+        assert sent["matchedRuns"] == 2
+        done = [await stack.client.wait_run(r["id"], timeout=30) for r in (twice, once)]
+        assert [d["output"] for d in done] == [[{"at": 1}, {"at": 1}], [{"at": 1}]]
+        pairs = await history(stack, twice["id"])
+        for name in ("open-0", "open-1"):
+            assert step_events(pairs, name) == ["step.waiting", "event.received", "step.completed"]
+        await event_types(stack, twice["id"])  # numbered 1, 2, 3, ... without a gap
+        async with stack.orchestrator.pool.acquire() as conn:
+            stored = await conn.fetchval("SELECT id::text FROM events WHERE name = 'gate.open'")
+        assert stored == sent["id"]
+
+
 async def test_event_sent_before_the_wait_does_not_count(database_url: str) -> None:
     """An event sent before a run began waiting does not resume it: it times out with None."""
     counts: Counts = {}

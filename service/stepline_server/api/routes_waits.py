@@ -71,10 +71,9 @@ async def send_event(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, EventSend)
     o = orch(request)
+    event_id = uuid.uuid4()
     async with o.pool.acquire() as conn:
-        matched = await waits.send_event(conn, pid, body.name, body.data)
+        matched = await waits.send_event(conn, event_id, pid, body.name, body.data)
     if matched:
         o.dispatcher.wake()
-    return json_response(
-        {"id": str(uuid.uuid4()), "name": body.name, "matchedRuns": len(matched)}, 202
-    )
+    return json_response({"id": str(event_id), "name": body.name, "matchedRuns": len(matched)}, 202)

@@ -638,9 +638,6 @@ SELECT c.*, CASE WHEN $4::boolean THEN pg_notify('stepline_wake', '') END,
        a.signing_secrets AS run_app_secrets
 FROM c LEFT JOIN r ON true LEFT JOIN apps a ON a.id = r.app_id;
 
--- name: insert_event
-INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4);
-
 -- name: progress_at
 SELECT progress_at FROM runs WHERE id = $1;
 
@@ -670,11 +667,44 @@ DELETE FROM runs WHERE id IN (
 -- name: delete_old_events
 DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double precision);
 
--- name: match_event_waits
-UPDATE steps SET status = 'completed', output = $3, ended_at = now()
-WHERE project_id = $1 AND kind = 'event' AND status = 'waiting' AND event_name = $2
-  AND $3::jsonb @> coalesce(match, '{}'::jsonb)
-RETURNING run_id, name;
+-- name: send_event
+-- Records event $1 (project $2, name $3, data $4) and completes every step waiting for it whose
+-- match fields the data contains: each such run's history gets event.received and
+-- step.completed for the step, and the run wakes (now, or right after its active invocation).
+-- Answers the runs it woke.
+WITH ev AS (
+    INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4)
+),
+m AS (
+    UPDATE steps SET status = 'completed', output = $4, ended_at = now()
+    WHERE project_id = $2 AND kind = 'event' AND status = 'waiting' AND event_name = $3
+      AND $4::jsonb @> coalesce(match, '{}'::jsonb)
+    RETURNING run_id, name
+),
+numbered AS (
+    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k,
+           count(*) OVER (PARTITION BY run_id) AS n
+    FROM m
+),
+r AS (
+    UPDATE runs SET
+        next_seq = next_seq + 2 * w.n,
+        wake_seq = wake_seq + 1,
+        ready_at = CASE WHEN lease_token IS NULL AND status IN ('running', 'cancelling')
+                        THEN now() ELSE ready_at END
+    FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
+    WHERE runs.id = w.run_id
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base
+),
+history AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
+    SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
+           x.data
+    FROM r JOIN numbered ON numbered.run_id = r.id,
+         (VALUES (0, 'event.received', jsonb_build_object('event', $3::text)),
+                 (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
+)
+SELECT id FROM r;
 
 -- name: children_of
 SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling');

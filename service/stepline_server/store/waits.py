@@ -74,22 +74,14 @@ _CLAIM_COLUMNS = (
 )
 
 
-async def send_event(conn: Conn, project_id: uuid.UUID, name: str, data: Any) -> list[uuid.UUID]:
-    """Resume every run waiting for event ``name`` whose match fields equal ``data``'s."""
-    async with conn.transaction():
-        await conn.execute(Q["insert_event"], uuid.uuid4(), project_id, name, data)
-        matched = await conn.fetch(Q["match_event_waits"], project_id, name, data)
-        for r in matched:
-            await runs.append_events(
-                conn,
-                r["run_id"],
-                [
-                    {"type": "event.received", "step_name": r["name"], "data": {"event": name}},
-                    {"type": "step.completed", "step_name": r["name"], "data": {"kind": "event"}},
-                ],
-            )
-            await dispatch.wake(conn, r["run_id"])
-        return [r["run_id"] for r in matched]
+async def send_event(
+    conn: Conn, event_id: uuid.UUID, project_id: uuid.UUID, name: str, data: Any
+) -> list[uuid.UUID]:
+    """Record the event and resume every run waiting for event ``name`` whose match fields
+    ``data`` contains, in one statement; the runs resumed."""
+    return [
+        row["id"] for row in await conn.fetch(Q["send_event"], event_id, project_id, name, data)
+    ]
 
 
 async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
