@@ -24,9 +24,8 @@ class Settings:
     invoke_timeout_seconds: float = 300.0
     max_inflight: int = 48
     poll_seconds: float = 2.0
-    # Runs are claimed and begun this long before a timer of theirs is due (a sleep's end, a
-    # wait's timeout, a retry's delay), and their app called when it is due, so that the
-    # claim's and the begin's time does not make the timer late.
+    # Runs are claimed and begun this long before a sleep of theirs ends, and their app called
+    # when it ends, so that the claim's and the begin's time does not make the sleep late.
     timer_lead_seconds: float = 0.02
     default_invoke_attempts: int = 5
     retention_days: float = 30.0

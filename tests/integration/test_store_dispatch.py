@@ -321,32 +321,37 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
         await conn.close()
 
 
-async def test_timers_due_within_the_lead_are_claimed_and_settled_as_of_their_due_time(
+async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their_end(
     database_url: str,
 ) -> None:
     """A run whose sleep ends within the lead is claimed and begun ahead of it: the claim says
     how soon it is due, the sleep is recorded as ending at its due time (never earlier), the
     history says so in order, and the begin says how long the app must wait. A sleep ending
-    beyond the lead is left alone."""
+    beyond the lead is left alone, and so is a callback whose timeout is near: it may still be
+    completed in time."""
     await keys_bootstrap(database_url)
     conn = await db.connect(database_url)
     try:
-        leased = await _leased_runs(conn, 2)
-        for (run_id, token, inv), delay in zip(leased, (400, 60_000), strict=True):
-            nap = StepUpdate(name="nap", kind="sleep", action="sleep", delayMs=delay)
-            plan = plan_updates(str(run_id), [nap])
+        leased = await _leased_runs(conn, 3)
+        updates = [
+            StepUpdate(name="nap", kind="sleep", action="sleep", delayMs=400),
+            StepUpdate(name="nap", kind="sleep", action="sleep", delayMs=60_000),
+            StepUpdate(name="cb", kind="callback", action="callback", timeoutMs=400),
+        ]
+        for (run_id, token, inv), update in zip(leased, updates, strict=True):
+            plan = plan_updates(str(run_id), [update])
             progress = dispatch.Progress(
                 run_id, token, inv, plan, outcome=dispatch.Outcome("suspended")
             )
             assert (await dispatch.commit(conn, [progress]))[run_id].recorded
-        soon, later = leased[0][0], leased[1][0]
+        soon, later, waiting = (run_id for run_id, _, _ in leased)
 
         assert await dispatch.claim(conn, "here", 60, 10) == []
         [claim] = await dispatch.claim(conn, "here", 60, 10, lead=5.0)
         assert claim["id"] == soon and 0 < claim["due_in"] <= 0.4
 
         steps = await dispatch.begin_invocations(
-            conn, [(soon, claim["invocation_id"], 1)], lead=5.0
+            conn, [(soon, claim["invocation_id"], 1), (waiting, uuid.uuid4(), 1)], lead=5.0
         )
         [nap] = steps[soon]
         assert nap["status"] == "completed" and 0 < nap["wait_s"] <= 0.4
@@ -358,6 +363,8 @@ async def test_timers_due_within_the_lead_are_claimed_and_settled_as_of_their_du
         assert [e["type"] for e in history][-2:] == ["step.completed", "invocation.started"]
         assert history[-2]["at"] == history[-1]["at"] == row["wake_at"]
 
+        [cb] = steps[waiting]
+        assert cb["status"] == "waiting" and cb["wait_s"] <= 0
         untouched = await conn.fetchval(
             "SELECT status::text FROM steps WHERE run_id = $1 AND name = 'nap'", later
         )

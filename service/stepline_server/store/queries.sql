@@ -164,16 +164,20 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
     deployment_id, http_status, duration_ms, data, ord);
 
 -- name: claim_due
--- Takes up to $1 runs whose ready_at comes within $4 seconds, and leases each to one
--- invocation: the run's ready_at moves to the end of the lease, so a crashed orchestrator's run
--- comes due again; due_in says in how many seconds the run is due (0: now). A run of a workflow
--- with a concurrency cap whose invocations in flight fill the cap is held instead (ready_at at
--- its deadline) until release_held lets it go.
+-- Takes up to $1 due runs, and leases each to one invocation: the run's ready_at moves to the
+-- end of the lease, so a crashed orchestrator's run comes due again. A run is due when its
+-- ready_at has come, or comes within $4 seconds for a sleep of it that ends then (due_in says
+-- in how many seconds; 0: now). A run of a workflow with a concurrency cap whose invocations in
+-- flight fill the cap is held instead (ready_at at its deadline) until release_held lets it go.
 WITH due AS (
     SELECT id, project_id, workflow, (options ->> 'concurrency')::integer AS cap, ready_at,
            coalesce(deadline_at <= now(), false) AS late
     FROM runs
     WHERE ready_at <= now() + make_interval(secs => $4::double precision)
+      AND (ready_at <= now()
+           OR EXISTS (SELECT 1 FROM steps s
+                      WHERE s.run_id = runs.id AND s.status = 'sleeping'
+                        AND s.wake_at <= now() + make_interval(secs => $4::double precision)))
     ORDER BY ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -242,12 +246,13 @@ FROM jsonb_array_elements($1::jsonb) AS item
 WHERE r.id = h.id AND r.lease_token = h.token AND jsonb_typeof(item) = 'object';
 
 -- name: begin_invocations
--- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what comes due within
--- $2 seconds (sleeps complete; event waits past their timeout complete with null; callbacks past
--- theirs fail as timed out), each as of its due time, and records its invocation starting.
--- Returns the steps of every run as they are now, by run, in the order they were first recorded;
--- wait_s on each says in how many seconds the last of the run's settled timers is due: the app
--- must not be called before.
+-- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what came due (sleeps
+-- complete, those ending within $2 seconds too, as of their end; event waits past their timeout
+-- complete with null; callbacks past theirs fail as timed out) and records its invocation
+-- starting. Returns the steps of every run as they are now, by run, in the order they were first
+-- recorded; wait_s on each says in how many seconds the last sleep settled ends: the app must
+-- not be called before. (Only sleeps are settled ahead: nothing from outside can end one
+-- sooner, while a callback or an event may still come before a wait's timeout.)
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, invocation_id uuid,
@@ -266,7 +271,7 @@ resolved AS (
       AND ((steps.status = 'sleeping'
             AND steps.wake_at <= now() + make_interval(secs => $2::double precision))
            OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
-               AND steps.timeout_at <= now() + make_interval(secs => $2::double precision)))
+               AND steps.timeout_at <= now()))
     RETURNING steps.run_id, steps.name, steps.kind, steps.callback_id, steps.status,
               steps.error, steps.ended_at
 ),
@@ -274,7 +279,7 @@ timed_out AS (
     UPDATE callbacks c SET status = 'timedOut', completed_at = resolved.ended_at
     FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
 ),
--- When each run's invocation may start: now, or when the last timer it settled is due.
+-- When each run's invocation may start: now, or when the last sleep it settled ends.
 starts AS (
     SELECT q.run_id, greatest(now(), max(rv.ended_at)) AS at
     FROM q LEFT JOIN resolved rv ON rv.run_id = q.run_id
