@@ -22,11 +22,13 @@ class Settings:
     # The run loop.
     lease_seconds: float = 20.0
     invoke_timeout_seconds: float = 300.0
-    max_inflight: int = 48
+    max_inflight: int = (
+        64  # invocations calling apps at once (runs waiting for a sleep to end do not count)
+    )
     poll_seconds: float = 2.0
     # Runs are claimed and begun this long before a sleep of theirs ends, and their app called
     # when it ends, so that the claim's and the begin's time does not make the sleep late.
-    timer_lead_seconds: float = 0.02
+    timer_lead_seconds: float = 0.05
     default_invoke_attempts: int = 5
     retention_days: float = 30.0
     # Schedules.

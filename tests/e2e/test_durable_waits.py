@@ -163,6 +163,41 @@ async def test_a_sleep_claimed_ahead_of_time_never_resumes_early(database_url: s
         assert datetime.fromisoformat(nap["endedAt"]) == wake_at
 
 
+async def test_a_run_claimed_ahead_of_its_sleep_leaves_room_for_others(
+    database_url: str,
+) -> None:
+    """With room for one invocation and a lead longer than the sleep, a run claimed ahead of
+    its sleep's end does not hold that room while it waits: another run starts and ends before
+    the sleep is over."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("long-nap")
+    async def long_nap(ctx: stepline.Context, input: Any) -> str:
+        await ctx.sleep("nap", 1.5)
+        return "rested"
+
+    @sl.workflow("quick")
+    async def quick(ctx: stepline.Context, input: Any) -> str:
+        return await ctx.step("one", lambda: "done")  # type: ignore[no-any-return]
+
+    async with (
+        orchestrator_stack(database_url, timer_lead_seconds=3.0, max_inflight=1) as stack,
+        app_server(sl) as app_url,
+    ):
+        await stack.register(sl, app_url)
+        napper = await stack.client.start_run("long-nap", None)
+        # Begun ahead of time, the sleep already reads as completed (at its wakeAt).
+        await step_in(stack, napper["id"], "nap", "completed")
+        other = await stack.client.start_run("quick", None)
+        quick_done = await stack.client.wait_run(other["id"], timeout=30)
+        assert quick_done["status"] == "completed", quick_done
+        nap_done = await stack.client.wait_run(napper["id"], timeout=30)
+        assert nap_done["status"] == "completed", nap_done
+        wake_at = datetime.fromisoformat(step_of(nap_done, "nap")["wakeAt"])
+        assert datetime.fromisoformat(quick_done["endedAt"]) < wake_at
+        assert datetime.fromisoformat(nap_done["endedAt"]) >= wake_at
+
+
 async def test_sleeping_runs_survive_an_orchestrator_restart(database_url: str) -> None:
     """Runs sleeping when the orchestrator stops all complete under a new orchestrator."""
     counts: Counts = {}

@@ -56,6 +56,7 @@ class Dispatcher:
         # Runs claimed ahead of their due time (settings.timer_lead_seconds): not invoked
         # before this monotonic time.
         self._not_before: dict[uuid.UUID, float] = {}
+        self._early = 0  # of those, how many wait for their time now: they take no room
         self._beginning = False
         self._told = 0.0
         self._running = False  # runs are leased to this dispatcher only while it runs
@@ -66,11 +67,17 @@ class Dispatcher:
         """Invocations running now."""
         return len(self._inflight)
 
+    def _room(self) -> int:
+        """How many more invocations may start: runs waiting for a sleep to end take no room
+        (claimed ahead of it, they are not calling the app yet)."""
+        busy = len(self._inflight) - self._early + self._reserved
+        return self.settings.max_inflight - busy
+
     def tell_others(self) -> bool:
         """Whether new due work should wake the other orchestrators too (a NOTIFY, which
         PostgreSQL serialises at commit): only when this dispatcher has no room for it, and at
         most every 50 ms (one wake-up has a dispatcher claim all it has room for)."""
-        if len(self._inflight) + self._reserved < self.settings.max_inflight:
+        if self._room() > 0:
             return False
         now = time.monotonic()
         if now - self._told < 0.05:
@@ -88,7 +95,7 @@ class Dispatcher:
         app is called without a claim (:func:`stepline_server.store.runs.insert`).
         ``slot.lease`` is None when the dispatcher is full or not running; the created row goes to
         ``slot.take``. Room not taken is given back on leaving."""
-        room = self._running and (len(self._inflight) + self._reserved < self.settings.max_inflight)
+        room = self._running and self._room() > 0
         lease = runs.Lease(self.owner, self.settings.lease_seconds) if room else None
         if room:
             self._reserved += 1
@@ -118,7 +125,7 @@ class Dispatcher:
     async def _claim_forever(self) -> None:
         while True:
             self.wakeup.clear()
-            free = self.settings.max_inflight - len(self._inflight) - self._reserved
+            free = self._room()
             claimed: list[Record] = []
             if free > 0:
                 asked = time.monotonic()
@@ -146,7 +153,7 @@ class Dispatcher:
         timeout = self.settings.poll_seconds
         if self.wakeup.is_set():
             return  # something happened while claiming: look again at once
-        if len(self._inflight) + self._reserved < self.settings.max_inflight:
+        if self._room() > 0:
             async with self.pool.acquire() as conn:
                 due_in = await dispatch.next_due_in(conn)
             if due_in is not None:
@@ -270,7 +277,13 @@ class Dispatcher:
         if claim["app_url"] is None:
             return
         if (early := not_before - time.monotonic()) > 0:
-            await asyncio.sleep(early)  # claimed and begun ahead of a timer: call on time
+            # Claimed and begun ahead of a sleep's end: call the app when it ends.
+            self._early += 1
+            self.wakeup.set()  # the room it took is free until then
+            try:
+                await asyncio.sleep(early)
+            finally:
+                self._early -= 1
         body = invoke_body(
             claim, steps, attempt=attempt, api_url=self.settings.base_url, signer=self.signer
         )
