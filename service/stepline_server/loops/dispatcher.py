@@ -157,9 +157,12 @@ class Dispatcher:
             async with self.pool.acquire() as conn:
                 due_in = await dispatch.next_due_in(conn)
             if due_in is not None:
-                # A run due now that the claim skipped is locked by another transaction: look
-                # again shortly rather than spin.
-                timeout = max(0.005, min(timeout, due_in - self.settings.timer_lead_seconds))
+                # Claim a sleep's run the lead ahead. What comes due within the lead was not
+                # taken by the claim, so it is no sleep (a timeout, a retry, a lease): claim it
+                # when due. A run due now that the claim skipped is locked by another
+                # transaction: look again shortly rather than spin.
+                ahead = due_in - self.settings.timer_lead_seconds
+                timeout = max(0.005, min(timeout, ahead if ahead > 0 else due_in))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wakeup.wait(), timeout)
 
