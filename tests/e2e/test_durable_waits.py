@@ -430,6 +430,44 @@ async def test_one_event_resumes_every_wait_for_it(database_url: str) -> None:
         assert stored == sent["id"]
 
 
+async def test_an_event_matches_by_equal_fields_and_any_data_matches_no_fields(
+    database_url: str,
+) -> None:
+    """A wait with no match fields takes an event whatever its data (null, a string); a wait
+    whose match field is a list takes only an event whose field is that very list, not one
+    whose list merely contains it."""
+    sl = stepline.Stepline("secret-waits")
+
+    @sl.workflow("listen")
+    async def listen(ctx: stepline.Context, input: dict[str, Any]) -> Any:
+        return await ctx.wait_for_event(
+            "heard", event=input["event"], match=input.get("match"), timeout="30s"
+        )
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
+        await stack.register(sl, app_url)
+        any_ping = await stack.client.start_run("listen", {"event": "ping"})
+        any_word = await stack.client.start_run("listen", {"event": "word"})
+        tagged = await stack.client.start_run(
+            "listen", {"event": "tagged", "match": {"tags": ["a"]}}
+        )
+        for run in (any_ping, any_word, tagged):
+            await step_in(stack, run["id"], "heard", "waiting")
+
+        assert (await stack.client.send_event("ping", None))["matchedRuns"] == 1
+        assert (await stack.client.send_event("word", "hello"))["matchedRuns"] == 1
+        wider = await stack.client.send_event("tagged", {"tags": ["a", "b"]})
+        assert wider["matchedRuns"] == 0
+        exact = await stack.client.send_event("tagged", {"tags": ["a"], "by": "me"})
+        assert exact["matchedRuns"] == 1
+
+        outputs = [
+            (await stack.client.wait_run(r["id"], timeout=30))["output"]
+            for r in (any_ping, any_word, tagged)
+        ]
+        assert outputs == [None, "hello", {"tags": ["a"], "by": "me"}]
+
+
 async def test_event_sent_before_the_wait_does_not_count(database_url: str) -> None:
     """An event sent before a run began waiting does not resume it: it times out with None."""
     counts: Counts = {}

@@ -656,7 +656,12 @@ UPDATE steps s SET status = 'completed', output = ev.data, ended_at = now()
 FROM (
     SELECT e.data FROM events e
     WHERE e.project_id = $2 AND e.name = $5 AND e.received_at >= $4
-      AND coalesce(e.data, 'null'::jsonb) @> coalesce($6::jsonb, '{}'::jsonb)
+      -- Every match field equals the data's (data of any kind matches no match fields).
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof($6::jsonb) = 'object'
+                                        THEN $6::jsonb ELSE '{}'::jsonb END) f
+          WHERE f.value IS DISTINCT FROM
+                CASE WHEN jsonb_typeof(e.data) = 'object' THEN e.data -> f.key END)
     ORDER BY e.received_at
     LIMIT 1
 ) ev
@@ -677,7 +682,7 @@ DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double 
 
 -- name: send_event
 -- Records event $1 (project $2, name $3, data $4) and completes every step waiting for it whose
--- match fields the data contains: each such run's history gets event.received and
+-- match fields all equal the data's: each such run's history gets event.received and
 -- step.completed for the step, and the run wakes (now, or right after its active invocation).
 -- Answers the runs it woke.
 WITH ev AS (
@@ -686,7 +691,12 @@ WITH ev AS (
 m AS (
     UPDATE steps SET status = 'completed', output = $4, ended_at = now()
     WHERE project_id = $2 AND kind = 'event' AND status = 'waiting' AND event_name = $3
-      AND $4::jsonb @> coalesce(match, '{}'::jsonb)
+      -- Every match field equals the data's (data of any kind matches no match fields).
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof(match) = 'object'
+                                        THEN match ELSE '{}'::jsonb END) f
+          WHERE f.value IS DISTINCT FROM
+                CASE WHEN jsonb_typeof($4::jsonb) = 'object' THEN $4::jsonb -> f.key END)
     RETURNING run_id, name
 ),
 numbered AS (

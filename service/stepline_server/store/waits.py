@@ -77,8 +77,8 @@ _CLAIM_COLUMNS = (
 async def send_event(
     conn: Conn, event_id: uuid.UUID, project_id: uuid.UUID, name: str, data: Any
 ) -> list[uuid.UUID]:
-    """Record the event and resume every run waiting for event ``name`` whose match fields
-    ``data`` contains, in one statement; the runs resumed."""
+    """Record the event and resume every run waiting for event ``name`` whose match fields all
+    equal ``data``'s, in one statement; the runs resumed."""
     return [
         row["id"] for row in await conn.fetch(Q["send_event"], event_id, project_id, name, data)
     ]
