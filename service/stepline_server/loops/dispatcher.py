@@ -22,7 +22,7 @@ from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
 from stepline_server.store import dispatch, runs
-from stepline_server.store.db import Pool, Record
+from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
 
@@ -118,25 +118,28 @@ class Dispatcher:
         """Claim and invoke forever."""
         self._running = True
         try:
-            await self._claim_forever()
+            # One connection for the loop's life: its statements are planned once, not once per
+            # pooled connection in the first burst. Should it break, the supervisor starts the
+            # loop again on another.
+            async with self.pool.acquire() as conn:
+                await self._claim_forever(conn)
         finally:
             self._running = False
 
-    async def _claim_forever(self) -> None:
+    async def _claim_forever(self, conn: Conn) -> None:
         while True:
             self.wakeup.clear()
             free = self._room()
             claimed: list[Record] = []
             if free > 0:
                 asked = time.monotonic()
-                async with self.pool.acquire() as conn:
-                    claimed = await dispatch.claim(
-                        conn,
-                        self.owner,
-                        self.settings.lease_seconds,
-                        free,
-                        self.settings.timer_lead_seconds,
-                    )
+                claimed = await dispatch.claim(
+                    conn,
+                    self.owner,
+                    self.settings.lease_seconds,
+                    free,
+                    self.settings.timer_lead_seconds,
+                )
                 if claimed:
                     for row in claimed:
                         self._inflight[row["id"]] = row["lease_token"]
@@ -147,15 +150,14 @@ class Dispatcher:
             if claimed and len(claimed) == free:
                 await asyncio.sleep(0)
                 continue
-            await self._wait()
+            await self._wait(conn)
 
-    async def _wait(self) -> None:
+    async def _wait(self, conn: Conn) -> None:
         timeout = self.settings.poll_seconds
         if self.wakeup.is_set():
             return  # something happened while claiming: look again at once
         if self._room() > 0:
-            async with self.pool.acquire() as conn:
-                due_in = await dispatch.next_due_in(conn)
+            due_in = await dispatch.next_due_in(conn)
             if due_in is not None:
                 # Claim a sleep's run the lead ahead. What comes due within the lead was not
                 # taken by the claim, so it is no sleep (a timeout, a retry, a lease): claim it
@@ -181,36 +183,40 @@ class Dispatcher:
             self._spawn(self._begin_queued(), "begin", frees_slot=False)
 
     async def _begin_queued(self) -> None:
+        """Begin what is queued, group after group, on one connection while there is any (so a
+        burst plans the statement once); after a failure, on another."""
         try:
             while self._to_begin:
-                group, self._to_begin = self._to_begin, []
-                await self._begin(group)
+                async with self.pool.acquire() as conn:
+                    while self._to_begin:
+                        group, self._to_begin = self._to_begin, []
+                        if not await self._begin(conn, group):
+                            break
         finally:
             self._beginning = False
 
-    async def _begin(self, claimed: Sequence[Mapping[str, Any]]) -> None:
+    async def _begin(self, conn: Conn, claimed: Sequence[Mapping[str, Any]]) -> bool:
         """Begin every claimed run's invocation in one statement (a run past its time limit is
         not invoked: it ends), then invoke each, not before what it waited for is due. Should
-        that statement fail, the runs are let go: their leases expire and they are claimed
-        again."""
+        that statement fail, the runs are let go (their leases expire and they are claimed
+        again) and the answer is False."""
         asked = time.monotonic()
         try:
-            async with self.pool.acquire() as conn:
-                steps = await dispatch.begin_invocations(
-                    conn,
-                    [
-                        (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
-                        for row in claimed
-                        if not row["past_deadline"]
-                    ],
-                    self.settings.timer_lead_seconds,
-                )
+            steps = await dispatch.begin_invocations(
+                conn,
+                [
+                    (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
+                    for row in claimed
+                    if not row["past_deadline"]
+                ],
+                self.settings.timer_lead_seconds,
+            )
         except Exception:
             log.exception("begin_failed", runs=len(claimed))
             for row in claimed:
                 self._inflight.pop(row["id"], None)
                 self._not_before.pop(row["id"], None)
-            return
+            return False
         for row in claimed:
             run_steps = steps.get(row["id"], [])
             not_before = self._not_before.pop(row["id"], 0.0)
@@ -218,6 +224,7 @@ class Dispatcher:
                 not_before = max(not_before, asked + run_steps[0]["wait_s"])
             invocation = self._handle(row, run_steps, not_before)
             self._spawn(invocation, f"invoke-{row['id']}", frees_slot=True)
+        return True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
