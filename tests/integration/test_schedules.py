@@ -421,6 +421,15 @@ async def test_trigger_starts_a_manual_run(conn: db.Conn) -> None:
     )
 
 
+async def test_trigger_of_an_unregistered_workflow_starts_nothing(conn: db.Conn) -> None:
+    """A manual trigger whose workflow is gone says so and creates no run."""
+    sid = await make(conn, "@daily")
+    await conn.execute("DELETE FROM workflows WHERE name = 'wf'")
+    with pytest.raises(schedules.WorkflowGone):
+        await schedules.trigger(conn, P, sid, datetime.now(UTC))
+    assert await conn.fetchval("SELECT count(*) FROM runs WHERE schedule_id = $1", sid) == 0
+
+
 async def test_ticks_of_an_unregistered_workflow_are_skipped(
     sched: Scheduler, conn: db.Conn
 ) -> None:

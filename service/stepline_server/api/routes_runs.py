@@ -72,28 +72,43 @@ async def start_run(request: Request) -> Response:
     notify = o.dispatcher.tell_others()
     with o.dispatcher.slot() as slot:
         async with o.pool.acquire() as conn:
-            row = await runs.insert(conn, new, notify=notify, lease=slot.lease)
-            if row is None:
-                if await apps.workflow(conn, pid, body.workflow) is None:
-                    raise NotFound(
-                        f"no workflow named {body.workflow!r}; sync the app that hosts it"
-                    )
-                assert body.run_key is not None
-                existing = await runs.by_key(conn, pid, body.run_key)
-                if existing is None:  # deleted in between: try once more
-                    row = await runs.insert(conn, new, notify=notify, lease=slot.lease)
-                elif existing["workflow"] == body.workflow and existing["input"] == body.input:
-                    return json_response(await run_json(conn, existing), 200)
-                else:
-                    raise RunKeyConflict(
-                        f"run key {body.run_key!r} belongs to run {existing['id']} with a"
-                        " different workflow or input",
-                        {"runId": str(existing["id"])},
-                    )
-        assert row is not None
+            row = await _create(conn, pid, body, new, notify=notify, lease=slot.lease)
+            if row["id"] != new.id:  # the run its key names, with the same workflow and input
+                return json_response(await run_json(conn, row), 200)
         slot.take(row)
     o.metrics.inc("stepline_runs_started_total")
     return json_response(serialize.run(row, row["app_slug"], []), 201)
+
+
+async def _create(
+    conn: Conn,
+    pid: uuid.UUID,
+    body: RunStart,
+    new: runs.NewRun,
+    *,
+    notify: bool,
+    lease: runs.Lease | None,
+) -> Record:
+    """The run created, or the existing run its key names when that has the same workflow and
+    input; 404 when the workflow is not registered, 409 when the key names another run."""
+    row = await runs.insert(conn, new, notify=notify, lease=lease)
+    if row is not None:
+        return row
+    if await apps.workflow(conn, pid, body.workflow) is None:
+        raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
+    assert body.run_key is not None
+    existing = await runs.by_key(conn, pid, body.run_key)
+    if existing is None:  # deleted in between: try once more
+        row = await runs.insert(conn, new, notify=notify, lease=lease)
+        assert row is not None
+        return row
+    if existing["workflow"] == body.workflow and existing["input"] == body.input:
+        return existing
+    raise RunKeyConflict(
+        f"run key {body.run_key!r} belongs to run {existing['id']} with a different workflow"
+        " or input",
+        {"runId": str(existing["id"])},
+    )
 
 
 async def get_run(request: Request) -> Response:

@@ -158,9 +158,10 @@ async def trigger(
     row = await get(conn, project_id, schedule_id)
     if row is None:
         return None
-    if await apps.workflow(conn, project_id, row["workflow"]) is None:
+    run = await runs.insert(conn, _new_run(row, uuid.uuid4(), now, "manual"))
+    if run is None:  # a fresh id: only a workflow no longer registered creates no run
         raise WorkflowGone(f"the workflow {row['workflow']!r} is no longer registered")
-    return await runs.insert(conn, _new_run(row, uuid.uuid4(), now, "manual"))
+    return run
 
 
 async def fire_due(
