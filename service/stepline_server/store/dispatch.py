@@ -137,7 +137,16 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
 
 async def _apply(conn: Conn, item: Progress) -> Record | None:
     plan, run_id = item.plan, item.run_id
-    since = await conn.fetchval(Q["progress_at"], run_id) if plan.event_waits else None
+    since = None
+    if plan.event_waits:
+        run = await conn.fetchrow(Q["progress_at"], run_id)
+        if run is None:
+            return None
+        since = run["progress_at"]
+        # Waits and events of one name are recorded one at a time (see send_event), in name
+        # order so that two plans never wait for each other's locks.
+        for name in sorted({wait.event_name or "" for wait in plan.event_waits}):
+            await lock_event_name(conn, run["project_id"], name)
     row = (await apply_batch(conn, [item])).get(run_id)
     if row is None:
         return None
@@ -149,6 +158,12 @@ async def _apply(conn: Conn, item: Progress) -> Record | None:
     if plan.event_waits and since is not None:
         await _take_recent_events(conn, project_id, run_id, plan, since)
     return row
+
+
+async def lock_event_name(conn: Conn, project_id: uuid.UUID, name: str) -> None:
+    """Hold the lock of event ``name`` of the project until the transaction ends: sending an
+    event and recording a wait for it take it, so each sees what the other committed."""
+    await conn.execute(Q["lock_event_name"], project_id, name)
 
 
 async def _take_recent_events(

@@ -647,7 +647,13 @@ SELECT c.*, CASE WHEN $4::boolean THEN pg_notify('stepline_wake', '') END,
 FROM c LEFT JOIN r ON true LEFT JOIN apps a ON a.id = r.app_id;
 
 -- name: progress_at
-SELECT progress_at FROM runs WHERE id = $1;
+SELECT project_id, progress_at FROM runs WHERE id = $1;
+
+-- name: lock_event_name
+-- Serialises sending event $2 of project $1 with recording a wait for it, until the
+-- transaction ends: each then sees what the other committed (an event and a wait committed at
+-- once would otherwise each miss the other). Namespace 1 of the advisory locks.
+SELECT pg_advisory_xact_lock(1, hashtext($1::uuid::text || ':' || $2::text));
 
 -- name: take_recent_event
 -- An event wait just recorded takes the first matching event received since $4 (the wait's
@@ -686,7 +692,9 @@ DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double 
 -- step.completed for the step, and the run wakes (now, or right after its active invocation).
 -- Answers the runs it woke.
 WITH ev AS (
-    INSERT INTO events (id, project_id, name, data) VALUES ($1, $2, $3, $4)
+    -- Received when recorded (after lock_event_name), not when the transaction began.
+    INSERT INTO events (id, project_id, name, data, received_at)
+    VALUES ($1, $2, $3, $4, clock_timestamp())
 ),
 m AS (
     UPDATE steps SET status = 'completed', output = $4, ended_at = now()

@@ -88,6 +88,8 @@ CREATE TABLE runs (
     progress_at timestamptz,
     progress_seq bigint NOT NULL DEFAULT 0,
     held boolean NOT NULL DEFAULT false,
+    progress_digest bytea,
+    undelivered_since timestamptz,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -97,6 +99,8 @@ COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; N
 COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';
 COMMENT ON COLUMN runs.progress_seq IS 'The last progress call of the active invocation that was applied: a call sent again (its answer lost) is not applied twice.';
 COMMENT ON COLUMN runs.held IS 'Due, but its workflow''s concurrency was full: it waits (ready_at at its deadline) until an invocation of the workflow ends.';
+COMMENT ON COLUMN runs.progress_digest IS 'Digest of the body of the last progress call applied (progress_seq): the same call sent again is answered, a different one under that seq is refused as stale.';
+COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run of delivery failures happened (the app could not be invoked); NULL once an invocation was delivered. The delivery window counts from here.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;

@@ -78,10 +78,13 @@ async def send_event(
     conn: Conn, event_id: uuid.UUID, project_id: uuid.UUID, name: str, data: Any
 ) -> list[uuid.UUID]:
     """Record the event and resume every run waiting for event ``name`` whose match fields all
-    equal ``data``'s, in one statement; the runs resumed."""
-    return [
-        row["id"] for row in await conn.fetch(Q["send_event"], event_id, project_id, name, data)
-    ]
+    equal ``data``'s; the runs resumed. Serialised with waits for the same event being recorded
+    (:func:`~stepline_server.store.dispatch.lock_event_name`), so an event and a wait
+    committed at once never miss each other."""
+    async with conn.transaction():
+        await dispatch.lock_event_name(conn, project_id, name)
+        rows = await conn.fetch(Q["send_event"], event_id, project_id, name, data)
+    return [row["id"] for row in rows]
 
 
 async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:

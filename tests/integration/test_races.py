@@ -1,0 +1,102 @@
+"""Races between two connections, proven by holding one transaction open across the other."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from stepline.protocol import Action, StepKind, StepUpdate
+from stepline_server.engine.steps import plan_updates
+from stepline_server.store import apps, db, dispatch, keys, runs, waits
+
+PROJECT = keys.DEFAULT_PROJECT
+
+
+async def blocked_or_done(watcher: db.Conn, pid: int, task: asyncio.Future[Any]) -> bool:
+    """Whether the backend ``pid`` is waiting for a lock (True) or ``task`` ended first (False):
+    looked up in pg_stat_activity, not guessed from timing. Gives up after 10 s."""
+    for _ in range(1000):
+        if task.done():
+            return False
+        state = await watcher.fetchval(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if state == "Lock":
+            return True
+        await asyncio.sleep(0.01)
+    raise AssertionError("the second connection neither blocked nor finished")
+
+
+async def leased_run(conn: db.Conn, workflow: str = "wf", options: Any = None) -> dispatch.Progress:
+    """A run of ``workflow`` claimed by this test, as an empty progress item for its lease."""
+    await keys.bootstrap(conn)
+    if await apps.get_by_name(conn, PROJECT, "a") is None:
+        app = await apps.create(conn, PROJECT, "a", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(conn, app, [(workflow, options or {})], None)
+    run_id = uuid.uuid4()
+    await runs.insert(conn, runs.NewRun(run_id, PROJECT, workflow, None))
+    [claim] = await dispatch.claim(conn, "test", 60, 1)
+    plan = plan_updates(str(run_id), [])
+    return dispatch.Progress(run_id, claim["lease_token"], claim["invocation_id"], plan)
+
+
+def event_wait(item: dispatch.Progress, event: str) -> dispatch.Progress:
+    update = StepUpdate(name="wait", kind=StepKind.EVENT, action=Action.EVENT, event=event)
+    plan = plan_updates(str(item.run_id), [update])
+    return dispatch.Progress(item.run_id, item.token, item.invocation_id, plan, seq=1)
+
+
+async def step_status(conn: db.Conn, run_id: uuid.UUID, name: str) -> str:
+    return str(
+        await conn.fetchval(
+            "SELECT status FROM steps WHERE run_id = $1 AND name = $2", run_id, name
+        )
+    )
+
+
+async def connections(database_url: str, n: int) -> list[db.Conn]:
+    return list(await asyncio.gather(*(db.connect(database_url) for _ in range(n))))
+
+
+async def close_all(conns: list[db.Conn]) -> None:
+    for conn in conns:
+        await conn.close()
+
+
+async def test_an_event_sent_while_its_wait_commits_resumes_the_run(database_url: str) -> None:
+    """A wait recorded in a transaction still open when the event is sent: the event waits for
+    it, then resumes the run (before, each missed the other and the run waited forever)."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        item = event_wait(await leased_run(first), "order.paid")
+        async with first.transaction():
+            assert await dispatch.apply_plan(first, item) is not None
+            sending = asyncio.ensure_future(
+                waits.send_event(second, uuid.uuid4(), PROJECT, "order.paid", {"n": 1})
+            )
+            assert await blocked_or_done(watcher, second.get_server_pid(), sending)
+        assert await sending == [item.run_id]
+        assert await step_status(watcher, item.run_id, "wait") == "completed"
+    finally:
+        await close_all(conns)
+
+
+async def test_a_wait_recorded_while_its_event_commits_takes_the_event(database_url: str) -> None:
+    """An event sent in a transaction still open when the wait is recorded: the wait waits for
+    it, then takes the event."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        item = event_wait(await leased_run(first), "order.paid")
+        async with second.transaction():
+            assert await waits.send_event(second, uuid.uuid4(), PROJECT, "order.paid", 7) == []
+            recording = asyncio.ensure_future(dispatch.apply_plan(first, item))
+            assert await blocked_or_done(watcher, first.get_server_pid(), recording)
+        assert await recording is not None
+        assert await step_status(watcher, item.run_id, "wait") == "completed"
+        output = await watcher.fetchval(
+            "SELECT output FROM steps WHERE run_id = $1 AND name = 'wait'", item.run_id
+        )
+        assert output == 7
+    finally:
+        await close_all(conns)
