@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from stepline._durations import to_ms
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -29,7 +31,8 @@ class Settings:
     # Runs are claimed and begun this long before a sleep of theirs ends, and their app called
     # when it ends, so that the claim's and the begin's time does not make the sleep late.
     timer_lead_seconds: float = 0.05
-    default_invoke_attempts: int = 5
+    # Delivery failures (the app could not be invoked) are retried for this long.
+    delivery_window_seconds: float = 24 * 3600.0
     retention_days: float = 30.0
     # Schedules.
     scheduler_poll_seconds: float = 1.0
@@ -66,7 +69,9 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
         timer_lead_seconds=float(e.get("STEPLINE_TIMER_LEAD_SECONDS", s.timer_lead_seconds)),
         retention_days=float(e.get("STEPLINE_RETENTION_DAYS", s.retention_days)),
-        default_invoke_attempts=int(e.get("STEPLINE_INVOKE_ATTEMPTS", s.default_invoke_attempts)),
+        delivery_window_seconds=_seconds(
+            e.get("STEPLINE_DELIVERY_WINDOW"), s.delivery_window_seconds
+        ),
         scheduler_poll_seconds=float(
             e.get("STEPLINE_SCHEDULER_POLL_SECONDS", s.scheduler_poll_seconds)
         ),
@@ -74,3 +79,10 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             e.get("STEPLINE_MISFIRE_GRACE_SECONDS", s.misfire_grace_seconds)
         ),
     )
+
+
+def _seconds(raw: str | None, default: float) -> float:
+    """A duration setting (``"24h"``, ``"90s"``, ``"1h30m"`` or a number of seconds)."""
+    if raw is None or not raw.strip():
+        return default
+    return to_ms(raw.strip()) / 1000

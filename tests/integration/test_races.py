@@ -100,3 +100,65 @@ async def test_a_wait_recorded_while_its_event_commits_takes_the_event(database_
         assert output == 7
     finally:
         await close_all(conns)
+
+
+async def test_two_claims_at_once_never_exceed_a_concurrency_cap(database_url: str) -> None:
+    """Cap 1: one orchestrator leases a run in a transaction still open while a second run comes
+    due and another orchestrator claims; the second waits for the first, sees the cap full and
+    holds its run (before, both saw room and two runs were leased)."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        one = await leased_run_of_capped(first)
+        two = uuid.uuid4()
+        await runs.insert(watcher, runs.NewRun(two, PROJECT, "capped", None))
+        await watcher.execute(
+            "UPDATE runs SET ready_at = now() + interval '1 h' WHERE id = $1", two
+        )
+        async with first.transaction():
+            [claim] = await dispatch.claim(first, "first", 60, 10)
+            assert claim["id"] == one
+            await watcher.execute("UPDATE runs SET ready_at = now() WHERE id = $1", two)
+            claiming = asyncio.ensure_future(dispatch.claim(second, "second", 60, 10))
+            assert await blocked_or_done(watcher, second.get_server_pid(), claiming)
+        assert await claiming == []
+        leased = await watcher.fetchval(
+            "SELECT count(*) FROM runs WHERE workflow = 'capped' AND lease_token IS NOT NULL"
+        )
+        assert leased == 1
+        assert await watcher.fetchval("SELECT held FROM runs WHERE id = $1", two)
+    finally:
+        await close_all(conns)
+
+
+async def leased_run_of_capped(conn: db.Conn) -> uuid.UUID:
+    """A due run of workflow ``capped`` (concurrency 1), not yet claimed."""
+    await keys.bootstrap(conn)
+    app = await apps.create(conn, PROJECT, "a", "http://127.0.0.1:9/", "s")
+    await apps.record_sync(conn, app, [("capped", {"concurrency": 1})], None)
+    run_id = uuid.uuid4()
+    await runs.insert(conn, runs.NewRun(run_id, PROJECT, "capped", None))
+    return run_id
+
+
+async def test_held_runs_go_as_slots_free_oldest_first(database_url: str) -> None:
+    """Three runs under cap 1: one leased, two held; when the lease ends, release lets the
+    oldest go and the next claim leases it, the youngest still held."""
+    conn = await db.connect(database_url)
+    try:
+        first = await leased_run_of_capped(conn)
+        others = []
+        for _ in range(2):
+            others.append(uuid.uuid4())
+            await runs.insert(conn, runs.NewRun(others[-1], PROJECT, "capped", None))
+        [claim] = await dispatch.claim(conn, "o", 60, 10)
+        assert claim["id"] == first
+        assert await dispatch.claim(conn, "o", 60, 10) == []
+        assert await conn.fetchval("SELECT count(*) FROM runs WHERE held") == 2
+        leases = [{"id": str(first), "token": claim["lease_token"]}]
+        await conn.execute(dispatch.Q["suspend_runs"], leases)
+        assert await dispatch.release_held(conn) == 1
+        [nxt] = await dispatch.claim(conn, "o", 60, 10)
+        assert nxt["id"] == others[0]
+        assert await conn.fetchval("SELECT held FROM runs WHERE id = $1", others[1])
+    finally:
+        await conn.close()

@@ -291,7 +291,15 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
         assert await dispatch.claim(conn, "other", 60, 10) == []
 
         steps = await dispatch.begin_invocations(
-            conn, [(run_id, claim["invocation_id"], claim["invoke_attempts"] + 1)]
+            conn,
+            [
+                dispatch.Begin(
+                    run_id,
+                    claim["lease_token"],
+                    claim["invocation_id"],
+                    claim["invoke_attempts"] + 1,
+                )
+            ],
         )
         assert [(s["name"], s["status"], s["output"]) for s in steps[run_id]] == [
             ("cb", "completed", {"ok": 1})
@@ -350,9 +358,13 @@ async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their
         [claim] = await dispatch.claim(conn, "here", 60, 10, lead=5.0)
         assert claim["id"] == soon and 0 < claim["due_in"] <= 0.4
 
-        steps = await dispatch.begin_invocations(
-            conn, [(soon, claim["invocation_id"], 1), (waiting, uuid.uuid4(), 1)], lead=5.0
-        )
+        # The waiting run's invocation begins too (as if leased for another reason).
+        await conn.execute("UPDATE runs SET lease_token = 'other' WHERE id = $1", waiting)
+        begins = [
+            dispatch.Begin(soon, claim["lease_token"], claim["invocation_id"], 1),
+            dispatch.Begin(waiting, "other", uuid.uuid4(), 1),
+        ]
+        steps = await dispatch.begin_invocations(conn, begins, lead=5.0)
         [nap] = steps[soon]
         assert nap["status"] == "completed" and 0 < nap["wait_s"] <= 0.4
         row = await conn.fetchrow(

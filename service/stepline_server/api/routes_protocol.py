@@ -8,6 +8,8 @@ without the wrapper.
 
 from __future__ import annotations
 
+import hashlib
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,8 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.responses import json_response
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
-from stepline_server.store import dispatch
+from stepline_server.loops.backoff import Backoff
+from stepline_server.store import db, dispatch
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("stepline.api")
 
 MAX_PROGRESS_BODY = 16 * 1024 * 1024
+MAX_RESULT_BYTES = 1024 * 1024
+DATABASE_PATIENCE_SECONDS = 10.0
 
 
 async def commit_progress(
@@ -66,13 +71,18 @@ async def commit_progress(
         if problems[0]["type"] == "model_type":
             raise ValidationFailed("the request body must be a JSON object") from None
         raise from_validation(exc) from None
+    if len(raw) > MAX_RESULT_BYTES:
+        _check_result_sizes(call)  # a small body cannot hold a large result
     try:
         run_id = uuid.UUID(call.run_id)
         plan = plan_updates(call.run_id, call.updates)
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
-    item = dispatch.Progress(run_id, token.strip(), invocation_id, plan, seq=call.seq)
-    done = await o.batcher.apply(item)
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    item = dispatch.Progress(
+        run_id, token.strip(), invocation_id, plan, seq=call.seq, digest=digest
+    )
+    done = await _apply(o, item)
     if done is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
     base = o.settings.base_url
@@ -80,6 +90,30 @@ async def commit_progress(
         name: {"id": cid, "url": o.signer.url(base, cid)} for cid, name, _ in plan.callbacks
     }
     return {"cancelRequested": done.row["cancel_requested"], "callbacks": callbacks}
+
+
+async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed | None:
+    """Commit the call, waiting out a database that is briefly away (a restart) rather than
+    failing the step: the call is fenced by its lease and de-duplicated by its seq."""
+    pause = Backoff(cap=0.5)
+    give_up = time.monotonic() + DATABASE_PATIENCE_SECONDS
+    while True:
+        try:
+            return await o.batcher.apply(item)
+        except Exception as exc:
+            if not db.is_transient(exc) or time.monotonic() > give_up:
+                raise
+            log.warning("progress_waits_for_database", error=str(exc))
+            await pause.wait()
+
+
+def _check_result_sizes(call: ProgressRequest) -> None:
+    """Refuse a step result over the 1 MiB limit (the SDK checks it too)."""
+    for update in call.updates:
+        if update.output is not None and len(orjson.dumps(update.output)) > MAX_RESULT_BYTES:
+            raise PayloadTooLarge(
+                f"the result of step {update.name!r} is larger than 1 MiB", {"step": update.name}
+            )
 
 
 async def progress(request: Request) -> Response:

@@ -86,6 +86,8 @@ def run(
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),
     }
+    if "deployment_id" in row:  # the run read alone: its last invocation's deployment
+        data["deploymentId"] = row["deployment_id"]
     if steps is not None:
         data["steps"] = [step(s) for s in steps]
     return data

@@ -1,13 +1,12 @@
-"""Run rules: statuses, what may happen to a run in each, and how invocation failures retry."""
+"""Run rules: statuses, what may happen to a run in each, and how delivery failures retry."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
-
-from stepline.protocol import RetryPolicy
 
 
 class RunStatus(StrEnum):
@@ -56,47 +55,72 @@ def check_retry(status: str) -> None:
         )
 
 
-def backoff_ms(policy: RetryPolicy, attempt: int, *, jitter: bool = True) -> int:
-    """The delay before try ``attempt + 1`` after try ``attempt`` failed (capped, jittered)."""
-    base = policy.initial_delay_ms * policy.factor ** max(0, attempt - 1)
-    delay = min(float(policy.max_delay_ms), base)
-    if jitter:
-        delay *= random.uniform(0.8, 1.0)
-    return max(0, int(delay))
+DELIVERY_BACKOFF_MS = 1000
+DELIVERY_BACKOFF_CAP_MS = 5 * 60 * 1000
 
 
 @dataclass(frozen=True)
-class InvokeFailure:
-    """What to do after an invocation failed: retry after ``delay_ms``, or fail the run."""
+class DeliveryFailure:
+    """What to do after an invocation could not be delivered: try again after ``delay_ms``,
+    or (the delivery window spent) fail the run with ``error``."""
 
     retry: bool
     delay_ms: int
-    error: dict[str, Any]
+    error: dict[str, Any] | None = None
 
 
-def on_invoke_failure(
-    policy: RetryPolicy, failures_so_far: int, reason: str, http_status: int | None
-) -> InvokeFailure:
-    """Decide after the ``failures_so_far + 1``-th failed invocation in a row."""
-    attempt = failures_so_far + 1
-    error: dict[str, Any] = {
-        "type": "InvocationFailed",
-        "code": "invocation_failed",
-        "message": f"the app could not be invoked: {reason} (after {attempt} attempts)",
-    }
-    if http_status is not None:
-        error["httpStatus"] = http_status
-    if attempt >= max(1, policy.attempts):
-        return InvokeFailure(False, 0, error)
-    return InvokeFailure(True, backoff_ms(policy, attempt), error)
+def on_delivery_failure(
+    *,
+    failures_so_far: int,
+    failing_since: datetime | None,
+    now: datetime,
+    window_seconds: float,
+    reason: str,
+    http_status: int | None,
+    retry_after_seconds: float | None = None,
+    jitter: bool = True,
+) -> DeliveryFailure:
+    """Decide after the ``failures_so_far + 1``-th delivery failure in a row, the first of
+    which happened at ``failing_since`` (None: this one). Delivery failures never use the
+    workflow's retries: they are tried again with backoff (1 s doubling, capped at 5 min,
+    ``Retry-After`` honoured) until the delivery window has passed since the first of them."""
+    attempts = failures_so_far + 1
+    spent = (now - (failing_since or now)).total_seconds()
+    remaining = window_seconds - spent
+    if remaining <= 0:
+        error: dict[str, Any] = {
+            "type": "AppUnreachable",
+            "code": "app_unreachable",
+            "message": (
+                f"the app could not be invoked for {_span(window_seconds)}: {reason} "
+                f"(after {attempts} attempts)"
+            ),
+        }
+        if http_status is not None:
+            error["httpStatus"] = http_status
+        return DeliveryFailure(False, 0, error)
+    delay = min(float(DELIVERY_BACKOFF_CAP_MS), DELIVERY_BACKOFF_MS * 2.0 ** (attempts - 1))
+    if jitter:
+        delay *= random.uniform(0.8, 1.0)
+    if retry_after_seconds is not None and retry_after_seconds >= 0:
+        delay = retry_after_seconds * 1000
+    # The last try is made when the window ends, not after.
+    return DeliveryFailure(True, max(0, int(min(delay, remaining * 1000))))
 
 
-def policy_of(options: dict[str, Any] | None, default_attempts: int) -> RetryPolicy:
-    """The retry policy stored with a workflow's options."""
-    raw = (options or {}).get("retries")
-    if isinstance(raw, dict):
-        return RetryPolicy.model_validate(raw)
-    return RetryPolicy(attempts=default_attempts)
+def delivery_window(options: dict[str, Any] | None, default_seconds: float) -> float:
+    """The delivery window of a workflow's runs, in seconds (its own, or the default)."""
+    raw = (options or {}).get("deliveryWindowMs")
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and raw >= 0:
+        return raw / 1000
+    return default_seconds
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def child_outcome(

@@ -63,4 +63,6 @@ def _step(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[
     if row["child_run_id"] is not None:
         step["childRunId"] = str(row["child_run_id"])
     step["timedOut"] = row["callback_id"] is not None and row["callback_status"] == "timedOut"
+    if row.get("blocked"):
+        step["blocked"] = True  # a retrying step whose next attempt is not due yet
     return step

@@ -6,8 +6,10 @@ request than httpx); a given httpx transport replaces it, so tests can call an a
 
 from __future__ import annotations
 
+import email.utils
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -28,6 +30,7 @@ class CallResult:
     duration_ms: int
     response: BaseModel | None = None
     reason: str = ""
+    retry_after: float | None = None  # seconds, from the answer's Retry-After
 
 
 class AppCaller:
@@ -52,17 +55,20 @@ class AppCaller:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _post(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    async def _post(
+        self, url: str, payload: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, str | None]:
+        """POST; answer the status, the body and the Retry-After header."""
         if self._client is None:
             answer = await self._fast.post(url, payload, headers, follow_redirects=True)
-            return answer.status, answer.body
+            return answer.status, answer.body, answer.headers.get("retry-after")
         try:
             response = await self._client.post(url, content=payload, headers=headers)
         except httpx.TimeoutException:
             raise _http.HttpError("timed out") from None
         except httpx.HTTPError as exc:
             raise _http.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
-        return response.status_code, response.content
+        return response.status_code, response.content, response.headers.get("retry-after")
 
     async def invoke(self, url: str, secrets: list[str], body: dict[str, Any]) -> CallResult:
         """POST a signed invocation; parse an :class:`InvokeResponse`."""
@@ -82,7 +88,7 @@ class AppCaller:
         }
         started = time.perf_counter()
         try:
-            status, content = await self._post(url, payload, headers)
+            status, content, retry_after = await self._post(url, payload, headers)
         except _http.HttpError as exc:
             if str(exc) == "timed out":
                 reason = "the app did not answer in time"
@@ -93,7 +99,9 @@ class AppCaller:
         if status >= 300:
             detail = content[:200].decode("utf-8", "replace").strip()
             reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
-            return CallResult(False, status, took, reason=reason)
+            return CallResult(
+                False, status, took, reason=reason, retry_after=parse_retry_after(retry_after)
+            )
         try:
             parsed = model.model_validate_json(content)
         except ValidationError as exc:
@@ -107,3 +115,19 @@ class AppCaller:
 
 def _ms(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (a number of seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -7,6 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -18,10 +19,11 @@ from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
+from stepline_server.loops.backoff import Backoff
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import dispatch, runs
+from stepline_server.store import db, dispatch, runs
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
@@ -115,14 +117,23 @@ class Dispatcher:
             self._queue_begin([claim])
 
     async def run(self) -> None:
-        """Claim and invoke forever."""
+        """Claim and invoke forever, riding out a lost database: the loop takes another
+        connection and goes on (backing off to a second) instead of ending."""
         self._running = True
+        pause = Backoff()
         try:
-            # One connection for the loop's life: its statements are planned once, not once per
-            # pooled connection in the first burst. Should it break, the supervisor starts the
-            # loop again on another.
-            async with self.pool.acquire() as conn:
-                await self._claim_forever(conn)
+            while True:
+                try:
+                    # One connection for as long as it lasts: its statements are planned once,
+                    # not once per pooled connection in the first burst.
+                    async with self.pool.acquire() as conn:
+                        pause.reset()
+                        await self._claim_forever(conn)
+                except Exception as exc:
+                    if not db.is_transient(exc):
+                        raise
+                    log.warning("claim_failed", error=str(exc))
+                    await pause.wait()
         finally:
             self._running = False
 
@@ -184,14 +195,23 @@ class Dispatcher:
 
     async def _begin_queued(self) -> None:
         """Begin what is queued, group after group, on one connection while there is any (so a
-        burst plans the statement once); after a failure, on another."""
+        burst plans the statement once); after a failure, on another. While the database is
+        away the group waits for it (backing off): a begin never makes a lease go unused."""
+        pause = Backoff()
         try:
             while self._to_begin:
-                async with self.pool.acquire() as conn:
-                    while self._to_begin:
-                        group, self._to_begin = self._to_begin, []
-                        if not await self._begin(conn, group):
-                            break
+                try:
+                    async with self.pool.acquire() as conn:
+                        while self._to_begin:
+                            group, self._to_begin = self._to_begin, []
+                            if not await self._begin(conn, group):
+                                break
+                            pause.reset()
+                except Exception as exc:
+                    if not db.is_transient(exc):
+                        raise
+                    log.warning("begin_waits_for_database", error=str(exc))
+                    await pause.wait()
         finally:
             self._beginning = False
 
@@ -205,19 +225,35 @@ class Dispatcher:
             steps = await dispatch.begin_invocations(
                 conn,
                 [
-                    (row["id"], row["invocation_id"], row["invoke_attempts"] + 1)
+                    dispatch.Begin(
+                        row["id"],
+                        row["lease_token"],
+                        row["invocation_id"],
+                        row["invoke_attempts"] + 1,
+                    )
                     for row in claimed
                     if not row["past_deadline"]
                 ],
                 self.settings.timer_lead_seconds,
             )
-        except Exception:
+        except Exception as exc:
+            if db.is_transient(exc):
+                # Tried again on another connection: the claims' tokens still fence the begin.
+                self._to_begin = [*claimed, *self._to_begin]
+                raise
             log.exception("begin_failed", runs=len(claimed))
             for row in claimed:
                 self._inflight.pop(row["id"], None)
                 self._not_before.pop(row["id"], None)
             return False
         for row in claimed:
+            if not row["past_deadline"] and row["id"] not in steps:
+                # Its claim went stale before it began (another orchestrator holds the run now):
+                # the app is not called.
+                self._inflight.pop(row["id"], None)
+                self._not_before.pop(row["id"], None)
+                log.info("begin_stale", run_id=str(row["id"]))
+                continue
             run_steps = steps.get(row["id"], [])
             not_before = self._not_before.pop(row["id"], 0.0)
             if run_steps and run_steps[0]["wait_s"] > 0:
@@ -230,25 +266,36 @@ class Dispatcher:
         self._tasks.discard(task)
         self.wakeup.set()
 
-    async def _release_held(self) -> None:
+    async def _release_held(self, claim: Mapping[str, Any]) -> None:
+        cap = int((claim["options"] or {}).get("concurrency") or 0)
         try:
             async with self.pool.acquire() as conn:
-                await dispatch.release_held(conn)
+                await dispatch.release_held(conn, (claim["project_id"], claim["workflow"], cap))
         except Exception:
             log.exception("release_held_failed")  # the heartbeat loop tries again
 
     async def heartbeat(self) -> None:
-        """Extend the leases of invocations in flight, so only a dead orchestrator loses them."""
+        """Extend the leases of invocations in flight, so only a dead orchestrator loses them.
+        A beat that fails (the database is away) is tried again soon, backing off to a second,
+        never a whole interval later: the loop never ends."""
         interval = max(0.2, self.settings.lease_seconds / 3)
+        pause = Backoff(cap=min(1.0, interval))
         while True:
+            try:
+                leases = list(self._inflight.items())
+                async with self.pool.acquire() as conn:
+                    if leases:
+                        await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+                    pause.reset()
+                    # A run held while its cap looked full, released by nobody since (a race
+                    # with the invocation that freed the slot), goes now.
+                    await dispatch.release_held(conn)
+            except Exception as exc:
+                log.warning("heartbeat_failed", error=str(exc), leases=len(self._inflight))
+                if pause.failures or db.is_transient(exc):
+                    await pause.wait()
+                    continue
             await asyncio.sleep(interval)
-            leases = list(self._inflight.items())
-            async with self.pool.acquire() as conn:
-                if leases:
-                    await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
-                # A run held while its cap looked full, released by nobody since (a race with
-                # the invocation that freed the slot), goes now.
-                await dispatch.release_held(conn)
 
     async def _handle(
         self, claim: Mapping[str, Any], steps: list[Record], not_before: float = 0.0
@@ -262,7 +309,7 @@ class Dispatcher:
         finally:
             self._inflight.pop(run_id, None)
             if (claim["options"] or {}).get("concurrency"):
-                await self._release_held()
+                await self._release_held(claim)
             structlog.contextvars.unbind_contextvars("run_id")
 
     async def _invoke(
@@ -316,11 +363,16 @@ class Dispatcher:
                     f"the app answered with a bad update: {exc}",
                     result.http_status,
                     result.duration_ms,
-                    None,
+                    response.deployment_id,
                 )
         else:
             outcome = self._failure(
-                claim, result.reason, result.http_status, result.duration_ms, None
+                claim,
+                result.reason,
+                result.http_status,
+                result.duration_ms,
+                None,
+                result.retry_after,
             )
         ok = await self._finish(run_id, token, invocation_id, plan or Plan(), outcome)
         self.metrics.inc("stepline_invocations_total", outcome.status)
@@ -341,11 +393,22 @@ class Dispatcher:
         outcome: dispatch.Outcome,
     ) -> bool:
         """Commit the last updates with the ``invocation.ended`` event and the outcome, in one
-        transaction (shared with other runs' progress when they need none of their own)."""
+        transaction (shared with other runs' progress when they need none of their own). While
+        the database is away the answer waits for it (backing off), so it is not lost: its lease
+        fences it should another orchestrator have taken the run meanwhile."""
         ended = (dispatch.ended_event(outcome),)
         progress = dispatch.Progress(run_id, token, invocation_id, plan, ended, outcome=outcome)
-        done = await self.batcher.apply(progress)
-        return done is not None and done.recorded
+        pause = Backoff()
+        give_up = time.monotonic() + max(60.0, 3 * self.settings.lease_seconds)
+        while True:
+            try:
+                done = await self.batcher.apply(progress)
+                return done is not None and done.recorded
+            except Exception as exc:
+                if not db.is_transient(exc) or time.monotonic() > give_up:
+                    raise
+                log.warning("outcome_waits_for_database", error=str(exc))
+                await pause.wait()
 
     def _failure(
         self,
@@ -354,12 +417,26 @@ class Dispatcher:
         http_status: int | None,
         duration_ms: int,
         deployment_id: str | None,
+        retry_after: float | None = None,
     ) -> dispatch.Outcome:
-        policy = rules.policy_of(claim["options"], self.settings.default_invoke_attempts)
-        decision = rules.on_invoke_failure(policy, claim["invoke_attempts"], reason, http_status)
+        """The app could not be invoked: try again later, unless the delivery window is spent
+        (never the workflow's retries)."""
+        decision = rules.on_delivery_failure(
+            failures_so_far=claim["invoke_attempts"],
+            failing_since=claim["undelivered_since"],
+            now=datetime.now(UTC),
+            window_seconds=rules.delivery_window(
+                claim["options"], self.settings.delivery_window_seconds
+            ),
+            reason=reason,
+            http_status=http_status,
+            retry_after_seconds=retry_after,
+        )
+        if decision.retry:
+            self.metrics.inc("stepline_delivery_failures_total")
         return dispatch.Outcome(
-            status="error" if decision.retry else "failed",
-            error=None if decision.retry else decision.error,
+            status="delivery_failed" if decision.retry else "failed",
+            error=decision.error,
             http_status=http_status,
             duration_ms=duration_ms,
             deployment_id=deployment_id,

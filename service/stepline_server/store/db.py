@@ -113,3 +113,18 @@ async def connect(dsn: str) -> Conn:
     conn = await asyncpg.connect(dsn)
     await init_connection(conn)
     return conn
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database went away (a restart, a dropped connection, a server
+    starting up) rather than that a statement was wrong: the same work may be tried again."""
+    return isinstance(
+        exc,
+        (
+            OSError,  # ConnectionError included: refused, reset
+            asyncpg.PostgresConnectionError,
+            asyncpg.InterfaceError,  # the connection closed under the statement
+            asyncpg.CannotConnectNowError,
+            asyncpg.OperatorInterventionError,  # admin shutdown, crash shutdown
+        ),
+    )

@@ -16,16 +16,55 @@ async def claim(
     conn: Conn, owner: str, lease_seconds: float, limit: int, lead: float = 0.0
 ) -> list[Record]:
     """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator; each row's
-    ``due_in`` says in how many seconds it is due."""
-    return list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead))
+    ``due_in`` says in how many seconds it is due. Runs of a workflow with a concurrency cap
+    are claimed one workflow at a time under its lock (:func:`claim_capped`)."""
+    claimed = list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead))
+    room = limit - len(claimed)
+    if room > 0:
+        for wf in await conn.fetch(Q["due_capped_workflows"]):
+            got = await claim_capped(
+                conn, wf["project_id"], wf["workflow"], wf["cap"], owner, lease_seconds, room
+            )
+            claimed += got
+            room -= len(got)
+            if room <= 0:
+                break
+    return claimed
 
 
-async def release_held(conn: Conn) -> int:
-    """Let held runs go as far as their workflows' caps have room; wake the dispatchers."""
-    released = await conn.fetch(Q["release_held"])
+async def claim_capped(
+    conn: Conn,
+    project_id: uuid.UUID,
+    workflow: str,
+    cap: int,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+) -> list[Record]:
+    """Lease up to ``limit`` of a capped workflow's due or held runs, oldest first, as far as
+    its cap has room; hold its other due runs when the cap is full. The count and the leases
+    are taken under the workflow's lock, so two orchestrators never both see the same room."""
+    async with conn.transaction():
+        await conn.execute(Q["lock_workflow"], project_id, workflow)
+        return list(
+            await conn.fetch(
+                Q["claim_capped"], project_id, workflow, cap, owner, lease_seconds, limit
+            )
+        )
+
+
+async def release_held(conn: Conn, workflow: tuple[uuid.UUID, str, int] | None = None) -> int:
+    """Let held runs go as far as their workflows' caps have room (only ``workflow``'s, a
+    (project, name, cap), when given), each workflow under its lock; wake the dispatchers."""
+    todo = [workflow] if workflow else [tuple(r) for r in await conn.fetch(Q["held_workflows"])]
+    released = 0
+    for project_id, name, cap in todo:
+        async with conn.transaction():
+            await conn.execute(Q["lock_workflow"], project_id, name)
+            released += len(await conn.fetch(Q["release_held"], project_id, name, cap))
     if released:
         await conn.execute(Q["notify_wake"])
-    return len(released)
+    return released
 
 
 async def next_due_in(conn: Conn) -> float | None:
@@ -42,22 +81,40 @@ async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_secon
 
 
 async def begin_invocations(
-    conn: Conn, starts: list[tuple[uuid.UUID, uuid.UUID, int]], lead: float = 0.0
+    conn: Conn, starts: list[Begin], lead: float = 0.0
 ) -> dict[uuid.UUID, list[Record]]:
-    """For each (run, invocation, attempt) just claimed: settle the timers and timeouts due
-    within ``lead`` seconds (as of their due times) and record the invocation starting; answer
-    each run's steps (a run with none is missing from the answer). Each step row's ``wait_s``
-    says how long the app must not be called yet: until the last timer settled is due."""
+    """Begin the invocations of runs just claimed, each only while its claim still holds the
+    run: settle the timers and timeouts due within ``lead`` seconds (as of their due times) and
+    record the invocation starting. Answers the steps of each run begun (a run missing from the
+    answer was not begun: its lease is gone). Each step row's ``wait_s`` says how long the app
+    must not be called yet: until the last timer settled is due."""
     if not starts:
         return {}
     begun = [
-        {"run_id": str(run_id), "invocation_id": str(invocation_id), "attempt": attempt}
-        for run_id, invocation_id, attempt in starts
+        {
+            "run_id": str(b.run_id),
+            "token": b.token,
+            "invocation_id": str(b.invocation_id),
+            "attempt": b.attempt,
+        }
+        for b in starts
     ]
     steps: dict[uuid.UUID, list[Record]] = {}
     for row in await conn.fetch(Q["begin_invocations"], begun, lead):
-        steps.setdefault(row["run_id"], []).append(row)
+        run_steps = steps.setdefault(row["run_id"], [])
+        if row["name"] is not None:
+            run_steps.append(row)
     return steps
+
+
+@dataclass(frozen=True)
+class Begin:
+    """An invocation to begin: the run, the lease token its claim holds, and its numbers."""
+
+    run_id: uuid.UUID
+    token: str
+    invocation_id: uuid.UUID
+    attempt: int
 
 
 async def apply_plan(conn: Conn, item: Progress) -> Committed | None:
@@ -82,6 +139,7 @@ class Progress:
     plan: Plan
     extra_events: tuple[dict[str, Any], ...] = ()
     seq: int = 0  # the SDK's number for this call; 0 for the invocation's answer
+    digest: str | None = None  # of the call's body: the same seq with another body is refused
     outcome: Outcome | None = None  # set when the invocation ended: record it too
 
 
@@ -123,6 +181,7 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
                 "invocation_id": str(item.invocation_id),
                 "n_events": len(run_events),
                 "seq": item.seq,
+                "digest": item.digest,
             }
         )
         changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
@@ -283,13 +342,13 @@ async def wake(conn: Conn, run_id: uuid.UUID) -> None:
 class Outcome:
     """How an invocation ended, as the run loop records it."""
 
-    status: str  # completed, failed, cancelled, suspended, stale, error
+    status: str  # completed, failed, cancelled, suspended, stale, delivery_failed
     output: Any = None
     error: dict[str, Any] | None = None
     http_status: int | None = None
     duration_ms: int | None = None
     deployment_id: str | None = None
-    retry_delay_ms: int | None = None  # for "error": retry the invocation after this delay
+    retry_delay_ms: int | None = None  # delivery_failed: invoke again after this delay
     reason: str | None = None  # why the invocation failed, for the history
 
 
@@ -322,7 +381,7 @@ async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
             ends.append(End(item.run_id, item.token, status, outcome.output, outcome.error))
         elif outcome.status == "suspended":
             suspended.append(item)
-        elif outcome.status == "error":
+        elif outcome.status == "delivery_failed":
             delay = outcome.retry_delay_ms or 0
             if await conn.fetchval(Q["invoke_failed"], item.run_id, item.token, delay):
                 recorded.add(item.run_id)

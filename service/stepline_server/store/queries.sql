@@ -89,7 +89,10 @@ r AS (
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-           CASE WHEN w.leased THEN now() + make_interval(secs => $14::double precision)
+           CASE WHEN w.leased
+                THEN least(now() + make_interval(secs => $14::double precision),
+                           now() + make_interval(
+                               secs => (w.options ->> 'timeoutMs')::double precision / 1000))
                 ELSE now() END,
            CASE WHEN w.leased THEN 3 ELSE 2 END,
            CASE WHEN w.leased THEN gen_random_uuid()::text END,
@@ -118,7 +121,12 @@ SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.run_key = $2;
 
 -- name: get_run
-SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+-- The run, its app's slug and the deployment of its last invocation that named one.
+SELECT r.*, a.slug AS app_slug,
+       (SELECT e.deployment_id FROM run_events e
+        WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
+        ORDER BY e.seq DESC LIMIT 1) AS deployment_id
+FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.id = $2;
 
 -- name: run_steps
@@ -165,15 +173,16 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 
 -- name: claim_due
 -- Takes up to $1 due runs, and leases each to one invocation: the run's ready_at moves to the
--- end of the lease, so a crashed orchestrator's run comes due again. A run is due when its
--- ready_at has come, or comes within $4 seconds for a sleep of it that ends then (due_in says
--- in how many seconds; 0: now). A run of a workflow with a concurrency cap whose invocations in
--- flight fill the cap is held instead (ready_at at its deadline) until release_held lets it go.
+-- end of the lease (or its deadline, if sooner), so a crashed orchestrator's run comes due
+-- again, and a run past its time limit is claimed to be ended. A run is due when its ready_at
+-- has come, or comes within $4 seconds for a sleep of it that ends then (due_in says in how
+-- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
+-- unless past their deadline.
 WITH due AS (
-    SELECT id, project_id, workflow, (options ->> 'concurrency')::integer AS cap, ready_at,
-           coalesce(deadline_at <= now(), false) AS late
+    SELECT id, ready_at
     FROM runs
     WHERE ready_at <= now() + make_interval(secs => $4::double precision)
+      AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
       AND (ready_at <= now()
            OR EXISTS (SELECT 1 FROM steps s
                       WHERE s.run_id = runs.id AND s.status = 'sleeping'
@@ -181,57 +190,109 @@ WITH due AS (
     ORDER BY ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-),
-judged AS (
-    SELECT d.id, d.ready_at,
-           CASE WHEN d.cap IS NULL OR d.late THEN true
-                ELSE row_number() OVER (PARTITION BY d.project_id, d.workflow, d.cap IS NULL
-                                        ORDER BY d.ready_at)
-                     + (SELECT count(*) FROM runs a
-                        WHERE a.project_id = d.project_id AND a.workflow = d.workflow
-                          AND a.lease_token IS NOT NULL AND a.ready_at > now()) <= d.cap
-           END AS go
-    FROM due d
-),
-held AS (
-    UPDATE runs h SET ready_at = h.deadline_at, held = true
-    FROM judged WHERE h.id = judged.id AND NOT judged.go
 )
 UPDATE runs r
 SET lease_token = gen_random_uuid()::text,
     invocation_id = gen_random_uuid(),
     lease_owner = $2,
-    ready_at = now() + make_interval(secs => $3::double precision),
+    ready_at = least(now() + make_interval(secs => $3::double precision), r.deadline_at),
     claimed_wake_seq = r.wake_seq,
     progress_at = now(),
     progress_seq = 0,
+    progress_digest = NULL,
     held = false,
     started_at = coalesce(r.started_at, now())
-FROM judged
-WHERE r.id = judged.id AND judged.go
+FROM due
+WHERE r.id = due.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-          r.cancel_requested, r.deadline_at <= now() AS past_deadline, r.lease_token,
-          r.invocation_id, r.invoke_attempts, r.wake_seq,
-          greatest(extract(epoch FROM judged.ready_at - now()), 0)::double precision AS due_in,
+          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
+          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+
+-- name: due_capped_workflows
+-- The workflows with a concurrency cap that have runs due now (not held, not past their
+-- deadline), with the cap their runs were started under.
+SELECT project_id, workflow, min((options ->> 'concurrency')::integer) AS cap
+FROM runs
+WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow;
+
+-- name: held_workflows
+-- The workflows with held runs, with the cap their runs were started under.
+SELECT project_id, workflow, min((options ->> 'concurrency')::integer) AS cap
+FROM runs WHERE held
+GROUP BY project_id, workflow;
+
+-- name: lock_workflow
+-- Serialises claiming and releasing the runs of workflow $2 of project $1 until the
+-- transaction ends, so two orchestrators never both see room under its cap. Namespace 2 of the
+-- advisory locks.
+SELECT pg_advisory_xact_lock(2, hashtext($1::uuid::text || ':' || $2::text));
+
+-- name: claim_capped
+-- With lock_workflow held: leases up to $6 of the due or held runs of workflow $2 (project
+-- $1), oldest first, as far as its cap $3 has room beside its invocations in flight, to $4 for
+-- $5 seconds (as claim_due leases). When that fills the cap, its other due runs are held
+-- (ready_at at their deadline, no lease) until release_held lets them go.
+WITH busy AS (
+    SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND lease_token IS NOT NULL AND ready_at > now()
+),
+cand AS (
+    (SELECT id, created_at FROM runs WHERE project_id = $1 AND workflow = $2 AND held
+     ORDER BY created_at, id LIMIT $6)
+    UNION ALL
+    (SELECT id, created_at FROM runs
+     WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
+     ORDER BY created_at, id LIMIT $6)
+),
+go AS (
+    SELECT r.id FROM runs r
+    WHERE r.id IN (SELECT id FROM cand ORDER BY created_at, id
+                   LIMIT least($6::integer, (SELECT room FROM busy)))
+    FOR UPDATE SKIP LOCKED
+),
+held_now AS (
+    UPDATE runs h SET held = true, ready_at = h.deadline_at, lease_token = NULL,
+                      lease_owner = NULL
+    WHERE h.project_id = $1 AND h.workflow = $2 AND h.ready_at <= now() AND NOT h.held
+      AND h.id NOT IN (SELECT id FROM go)
+      AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $4,
+    ready_at = least(now() + make_interval(secs => $5::double precision), r.deadline_at),
+    claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
+    progress_seq = 0,
+    progress_digest = NULL,
+    held = false,
+    started_at = coalesce(r.started_at, now())
+FROM go
+WHERE r.id = go.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          0::double precision AS due_in,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
 -- name: release_held
--- Held runs become due again, oldest first, as far as their workflow's cap has room now.
-WITH waiting AS (
-    SELECT h.id, h.project_id, h.workflow, (h.options ->> 'concurrency')::integer AS cap,
-           row_number() OVER (PARTITION BY h.project_id, h.workflow ORDER BY h.created_at) AS n
-    FROM runs h WHERE h.held
-),
-room AS (
-    SELECT w.id FROM waiting w
-    WHERE w.cap IS NULL OR w.n + (
-        SELECT count(*) FROM runs a
-        WHERE a.project_id = w.project_id AND a.workflow = w.workflow
-          AND a.lease_token IS NOT NULL AND a.ready_at > now()) <= w.cap
-)
+-- With lock_workflow held: the oldest held runs of workflow $2 (project $1) become due again,
+-- as far as its cap $3 has room beside its invocations in flight.
 UPDATE runs r SET ready_at = now(), held = false
-FROM room WHERE r.id = room.id AND r.held
+WHERE r.id IN (
+    SELECT id FROM runs WHERE project_id = $1 AND workflow = $2 AND held
+    ORDER BY created_at, id
+    LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
+           WHERE project_id = $1 AND workflow = $2 AND lease_token IS NOT NULL
+             AND ready_at > now())
+)
 RETURNING r.id;
 
 -- name: next_due_in
@@ -239,25 +300,45 @@ SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
 WHERE ready_at IS NOT NULL;
 
 -- name: heartbeat
--- Extends the leases ($1: [{id, token}]) still held by $2 seconds.
-UPDATE runs r SET ready_at = now() + make_interval(secs => $2::double precision)
-FROM jsonb_array_elements($1::jsonb) AS item
-    CROSS JOIN LATERAL jsonb_to_record(item) AS h(id uuid, token text)
-WHERE r.id = h.id AND r.lease_token = h.token AND jsonb_typeof(item) = 'object';
+-- Extends the leases ($1: [{id, token}]) still held by $2 seconds, never past a run's
+-- deadline (a run at its time limit comes due, to be ended). The runs are locked in id order.
+WITH held AS (
+    SELECT r.id FROM runs r
+    JOIN (SELECT h.* FROM jsonb_array_elements($1::jsonb) AS item
+              CROSS JOIN LATERAL jsonb_to_record(item) AS h(id uuid, token text)
+          WHERE jsonb_typeof(item) = 'object') h ON r.id = h.id AND r.lease_token = h.token
+    ORDER BY r.id
+    FOR UPDATE OF r
+)
+UPDATE runs r
+SET ready_at = least(now() + make_interval(secs => $2::double precision), r.deadline_at)
+FROM held WHERE r.id = held.id;
 
 -- name: begin_invocations
--- For each claimed run ($1: [{run_id, invocation_id, attempt}]): settles what came due (sleeps
--- complete, those ending within $2 seconds too, as of their end; event waits past their timeout
--- complete with null; callbacks past theirs fail as timed out) and records its invocation
--- starting. Returns the steps of every run as they are now, by run, in the order they were first
--- recorded; wait_s on each says in how many seconds the last sleep settled ends: the app must
--- not be called before. (Only sleeps are settled ahead: nothing from outside can end one
--- sooner, while a callback or an event may still come before a wait's timeout.)
+-- For each claimed run ($1: [{run_id, token, invocation_id, attempt}]) whose lease the token
+-- still holds (a claim that went stale begins nothing: another orchestrator may hold the run
+-- now): settles what came due (sleeps complete, those ending within $2 seconds too, as of their
+-- end; event waits past their timeout complete with null; callbacks past theirs fail as timed
+-- out) and records its invocation starting, with the app's last known deployment. Returns one
+-- row per step of every run begun, in the order the steps were first recorded (a run begun with
+-- no steps: one row whose name is null); wait_s says in how many seconds the last sleep settled
+-- ends: the app must not be called before; blocked marks a retrying step whose next attempt is
+-- not due when the app is called. (Only sleeps are settled ahead: nothing from outside can end
+-- one sooner, while a callback or an event may still come before a wait's timeout.) The runs
+-- are locked in id order, as every statement that locks several runs does.
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
-        CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, invocation_id uuid,
-                                                      attempt integer)
+        CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, token text,
+                                                      invocation_id uuid, attempt integer)
         WHERE jsonb_typeof(item) = 'object'
+),
+held AS (
+    SELECT q.run_id, q.invocation_id, q.attempt,
+           (SELECT a.deployment_id FROM apps a WHERE a.id = runs.app_id) AS deployment_id
+    FROM q JOIN runs ON runs.id = q.run_id
+    WHERE runs.lease_token = q.token AND runs.status IN ('running', 'cancelling')
+    ORDER BY runs.id
+    FOR UPDATE OF runs
 ),
 resolved AS (
     UPDATE steps SET
@@ -266,7 +347,7 @@ resolved AS (
             THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
         ended_at = greatest(now(), CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
                                         ELSE steps.timeout_at END)
-    FROM q
+    FROM held q
     WHERE steps.run_id = q.run_id
       AND ((steps.status = 'sleeping'
             AND steps.wake_at <= now() + make_interval(secs => $2::double precision))
@@ -282,23 +363,23 @@ timed_out AS (
 -- When each run's invocation may start: now, or when the last sleep it settled ends.
 starts AS (
     SELECT q.run_id, greatest(now(), max(rv.ended_at)) AS at
-    FROM q LEFT JOIN resolved rv ON rv.run_id = q.run_id
+    FROM held q LEFT JOIN resolved rv ON rv.run_id = q.run_id
     GROUP BY q.run_id
 ),
 evs AS (
     SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, at, name) AS ord, at,
-           type, name, invocation_id, data
+           type, name, invocation_id, deployment_id, data
     FROM (
         SELECT run_id, 0 AS k, ended_at AS at,
                CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END AS type,
-               name, NULL::uuid AS invocation_id,
+               name, NULL::uuid AS invocation_id, NULL::text AS deployment_id,
                CASE WHEN kind = 'sleep' THEN jsonb_build_object('kind', kind)
                     ELSE jsonb_build_object('kind', kind, 'timedOut', true) END AS data
         FROM resolved
         UNION ALL
         SELECT q.run_id, 1, starts.at, 'invocation.started', NULL, q.invocation_id,
-               jsonb_build_object('attempt', q.attempt)
-        FROM q JOIN starts ON starts.run_id = q.run_id
+               q.deployment_id, jsonb_build_object('attempt', q.attempt)
+        FROM held q JOIN starts ON starts.run_id = q.run_id
     ) x
 ),
 counts AS (
@@ -310,38 +391,53 @@ r AS (
     RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
 ),
 history AS (
-    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id, data)
+    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
+                            deployment_id, data)
     SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.at, evs.type, evs.name,
-           evs.invocation_id, evs.data
+           evs.invocation_id, evs.deployment_id, evs.data
     FROM r JOIN evs ON evs.run_id = r.id
 )
 -- The steps as read before this statement, with what it just settled laid over them.
-SELECT s.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
+SELECT q.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
        s.attempt, s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
        s.child_run_id,
        CASE WHEN rv.kind = 'callback' THEN 'timedOut'
             ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
        END AS callback_status,
+       coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
        extract(epoch FROM starts.at - now())::double precision AS wait_s
-FROM q
+FROM held q
 JOIN starts ON starts.run_id = q.run_id
-JOIN steps s ON s.run_id = q.run_id
+LEFT JOIN steps s ON s.run_id = q.run_id
 LEFT JOIN resolved rv ON rv.run_id = s.run_id AND rv.name = s.name
-ORDER BY s.run_id, s.position;
+ORDER BY q.run_id, s.position;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
 -- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
--- invocation_id, n_events, seq}], $2: changes and $3: events, each with run_id and ord
--- (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run
--- whose token is stale comes back with no row; a call applied before (same seq: the SDK sent
--- it again) comes back with applied = false and writes nothing. ready_at (indexed) is left
--- alone so the run's row is updated in place; the heartbeat extends the lease.
+-- invocation_id, n_events, seq, digest}], $2: changes and $3: events, each with run_id and
+-- ord (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run
+-- comes back with no row (nothing written: the caller must stop) when the token or the
+-- invocation is not the one holding the run, when the run is past its time limit, or when the
+-- call repeats an applied seq with another body (digest: a second execution of the
+-- invocation); the same call sent again (same seq and digest: its answer was lost) comes back
+-- with applied = false and writes nothing. The runs are locked in id order. ready_at (indexed)
+-- is left alone so the run's row is updated in place; the heartbeat extends the lease.
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
-            AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint)
+            AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint,
+                 digest text)
         WHERE jsonb_typeof(item) = 'object'
+),
+held AS (
+    SELECT runs.id, runs.progress_at, runs.progress_seq, runs.progress_digest
+    FROM q JOIN runs ON runs.id = q.run_id
+    WHERE runs.lease_token = q.token AND runs.invocation_id = q.invocation_id
+      AND runs.status IN ('running', 'cancelling')
+      AND (runs.deadline_at IS NULL OR runs.deadline_at > now())
+    ORDER BY runs.id
+    FOR UPDATE OF runs
 ),
 -- Each batch is read once (materialised), then joined with the runs that took it.
 changes AS MATERIALIZED (
@@ -367,11 +463,10 @@ r AS (
     UPDATE runs
     SET next_seq = runs.next_seq + q.n_events,
         progress_at = now(),
-        progress_seq = greatest(runs.progress_seq, q.seq)
-    FROM q JOIN runs AS before ON before.id = q.run_id
-    WHERE runs.id = q.run_id AND runs.lease_token = q.token
-      AND runs.status IN ('running', 'cancelling')
-      AND (q.seq = 0 OR runs.progress_seq < q.seq)
+        progress_seq = greatest(runs.progress_seq, q.seq),
+        progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END
+    FROM q JOIN held AS before ON before.id = q.run_id
+    WHERE runs.id = q.run_id AND (q.seq = 0 OR before.progress_seq < q.seq)
     RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
               runs.cancel_requested, q.invocation_id, before.progress_at AS since
 ),
@@ -424,10 +519,11 @@ e AS (
 )
 SELECT runs.id, runs.cancel_requested, runs.project_id, r.id IS NOT NULL AS applied
 FROM q
+JOIN held ON held.id = q.run_id
 JOIN runs ON runs.id = q.run_id
 LEFT JOIN r ON r.id = q.run_id
 WHERE r.id IS NOT NULL
-   OR (runs.lease_token = q.token AND runs.status IN ('running', 'cancelling'));
+   OR (q.seq = held.progress_seq AND q.digest IS NOT DISTINCT FROM held.progress_digest);
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
@@ -446,23 +542,33 @@ WHERE run_id = $1 AND name = $2 AND status = 'waiting';
 -- name: suspend_runs
 -- Ends invocations ($1: [{id, token}], each a run and its lease token) with the runs still
 -- running: each comes due at its earliest timer, or at once when something woke it while the
--- invocation ran. Answers the runs suspended (not those whose lease was lost).
+-- invocation ran. Answers the runs suspended (not those whose lease was lost). The runs are
+-- locked in id order.
 UPDATE runs SET
-    lease_token = NULL, lease_owner = NULL, invoke_attempts = 0,
+    lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
     ready_at = CASE
         WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
         ELSE least(runs.deadline_at, (
             SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
             WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
         END
-FROM jsonb_array_elements($1::jsonb) AS item
-    CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text)
-WHERE runs.id = q.id AND runs.lease_token = q.token AND jsonb_typeof(item) = 'object'
+FROM (
+    SELECT r.id FROM runs r
+    JOIN (SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
+              CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text)
+          WHERE jsonb_typeof(item) = 'object') q ON r.id = q.id AND r.lease_token = q.token
+    ORDER BY r.id
+    FOR UPDATE OF r
+) q
+WHERE runs.id = q.id
 RETURNING runs.id;
 
 -- name: invoke_failed
+-- The invocation of run $1 (lease $2) could not be delivered: the run stays running, due again
+-- in $3 ms; the delivery window counts from the first failure of the streak.
 UPDATE runs SET
     lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
+    undelivered_since = coalesce(undelivered_since, now()),
     ready_at = least(deadline_at, now() + make_interval(secs => $3::double precision / 1000))
 WHERE id = $1 AND lease_token = $2
 RETURNING invoke_attempts;
@@ -483,6 +589,7 @@ ok AS (
     SELECT runs.id FROM runs JOIN q ON q.id = runs.id
     WHERE (q.token IS NULL OR runs.lease_token = q.token)
       AND runs.status IN ('running', 'cancelling')
+    ORDER BY runs.id
     FOR UPDATE OF runs
 ),
 closed AS (
@@ -577,7 +684,8 @@ SELECT position FROM steps WHERE run_id = $1 AND name = $2;
 -- name: restart_run
 UPDATE runs SET
     status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
-    invoke_attempts = 0, ready_at = now(), lease_token = NULL, version = version + 1,
+    invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
+    version = version + 1,
     deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
 WHERE id = $1
 RETURNING *;
@@ -615,20 +723,23 @@ r AS (
     UPDATE runs SET
         next_seq = next_seq + 2,
         wake_seq = wake_seq + 1,
-        ready_at = CASE WHEN k.take THEN now() + make_interval(secs => $6::double precision)
+        ready_at = CASE WHEN k.take
+                        THEN least(now() + make_interval(secs => $6::double precision),
+                                   deadline_at)
                         WHEN lease_token IS NULL THEN now() ELSE ready_at END,
         lease_token = CASE WHEN k.take THEN k.token ELSE lease_token END,
         lease_owner = CASE WHEN k.take THEN $5::text ELSE lease_owner END,
         invocation_id = CASE WHEN k.take THEN k.invocation_id ELSE runs.invocation_id END,
         claimed_wake_seq = CASE WHEN k.take THEN wake_seq + 1 ELSE claimed_wake_seq END,
         progress_at = CASE WHEN k.take THEN now() ELSE progress_at END,
-        progress_seq = CASE WHEN k.take THEN 0 ELSE progress_seq END
+        progress_seq = CASE WHEN k.take THEN 0 ELSE progress_seq END,
+        progress_digest = CASE WHEN k.take THEN NULL ELSE progress_digest END
     FROM k
     WHERE runs.id = k.id
     RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, k.take AS claimed,
               runs.workflow, runs.input, runs.options, runs.cancel_requested,
               runs.deadline_at <= now() AS past_deadline, runs.lease_token,
-              runs.invocation_id, runs.invoke_attempts, runs.app_id
+              runs.invocation_id, runs.invoke_attempts, runs.undelivered_since, runs.app_id
 ),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
@@ -642,7 +753,8 @@ SELECT c.*, CASE WHEN $4::boolean THEN pg_notify('stepline_wake', '') END,
        r.cancel_requested AS run_cancel_requested,
        coalesce(r.past_deadline, false) AS run_past_deadline,
        r.lease_token AS run_lease_token, r.invocation_id AS run_invocation_id,
-       r.invoke_attempts AS run_invoke_attempts, a.url AS run_app_url,
+       r.invoke_attempts AS run_invoke_attempts,
+       r.undelivered_since AS run_undelivered_since, a.url AS run_app_url,
        a.signing_secrets AS run_app_secrets
 FROM c LEFT JOIN r ON true LEFT JOIN apps a ON a.id = r.app_id;
 

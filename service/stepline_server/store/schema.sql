@@ -88,7 +88,7 @@ CREATE TABLE runs (
     progress_at timestamptz,
     progress_seq bigint NOT NULL DEFAULT 0,
     held boolean NOT NULL DEFAULT false,
-    progress_digest bytea,
+    progress_digest text,
     undelivered_since timestamptz,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))

@@ -69,6 +69,7 @@ _CLAIM_COLUMNS = (
     "lease_token",
     "invocation_id",
     "invoke_attempts",
+    "undelivered_since",
     "app_url",
     "app_secrets",
 )
