@@ -110,6 +110,9 @@ class Context:
                 raise StepFailed.from_info(name, record.error)
             if record.status is StepStatus.CANCELLED:
                 raise self._cancelled()
+            if record.status is StepStatus.RETRYING and record.blocked:
+                # Its backoff has not run out: the branch waits for a later invocation.
+                return await self._block(record, name, StepKind.RUN, Action.START)
             attempt = record.attempt + 1
         self._check_cancel()
         if attempt > self.retries.attempts:

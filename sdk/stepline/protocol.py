@@ -90,6 +90,8 @@ class StepRecord(_Model):
     callback_url: str | None = Field(default=None, alias="callbackUrl")
     child_run_id: str | None = Field(default=None, alias="childRunId")
     timed_out: bool = Field(default=False, alias="timedOut")
+    blocked: bool = Field(default=False, alias="blocked")
+    """A retrying step whose next attempt is not due yet: its branch waits."""
 
 
 class InvokeRequest(_Model):

@@ -137,6 +137,40 @@ async def test_retry_uses_backoff_or_retry_after() -> None:
     assert stepline.Retries(max_delay="5s").delay_ms(10) == 5000
 
 
+async def test_a_retrying_step_not_yet_due_blocks_its_branch_while_another_proceeds() -> None:
+    """A retrying record marked blocked is not attempted again (nothing is sent for it) while
+    a step in another gather branch runs; the invocation then suspends."""
+    ran: list[str] = []
+
+    def later() -> str:
+        ran.append("later")
+        return "done"
+
+    async def wf(ctx: stepline.Context, input: Any) -> list[Any]:
+        return list(await asyncio.gather(ctx.step("later", later), ctx.step("now", ran.append, 1)))
+
+    steps = [record("later", "run", "retrying", 0, attempt=1, blocked=True, wakeAt="2100-01-01")]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender, retries=stepline.Retries(attempts=5))
+    assert ran == [1]
+    assert answer.status == "suspended"
+    assert [brief(c) for c in sender.calls] == [[("start", "now")]]
+    assert brief(answer.updates) == [("complete", "now")]
+
+
+async def test_a_retrying_step_that_is_due_runs_its_next_attempt() -> None:
+    """A retrying record not marked blocked starts its next attempt."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        return await ctx.step("a", lambda: "ok")
+
+    steps = [record("a", "run", "retrying", 0, attempt=1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert [(u.action, u.attempt) for u in sender.calls[0]] == [("start", 2)]
+    assert answer.status == "completed" and answer.output == "ok"
+
+
 async def test_interrupted_last_attempt_fails_the_step() -> None:
     """A step recorded running on its last attempt is not run again; it fails."""
     ran: list[int] = []
