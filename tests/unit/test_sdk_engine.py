@@ -214,6 +214,26 @@ async def test_new_step_before_recorded_one_is_nondeterminism() -> None:
     assert ran == [] and sender.calls == [] and answer.updates == []
 
 
+async def test_recorded_steps_met_in_another_order_are_nondeterminism() -> None:
+    """Code that meets recorded steps B then A, recorded A then B, fails the run naming both,
+    and runs nothing."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("b", ran.append, "b")
+        await ctx.step("a", ran.append, "a")
+        await ctx.step("c", ran.append, "c")
+
+    steps = [record("a", "run", "completed", 0), record("b", "run", "completed", 1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'a'" in answer.error.message and "'b'" in answer.error.message
+    assert "another order than recorded" in answer.error.message
+    assert "not replay-safe" in answer.error.message
+    assert ran == [] and sender.calls == [] and answer.updates == []
+
+
 async def test_cancel_reported_by_progress_reaches_a_blocked_branch() -> None:
     """When a progress reply requests cancellation, a branch blocked on a sleep gets Cancelled."""
     cleaned: list[str] = []
