@@ -68,11 +68,13 @@ class _Model(BaseModel):
 
 
 class ErrorInfo(_Model):
-    """An error as recorded: the exception type, a message and an optional stable code."""
+    """An error as recorded: the exception type, a message, an optional stable code and the
+    Python traceback as text (at most 16 KiB, its end kept)."""
 
     type: str = "Error"
     message: str = ""
     code: str | None = None
+    traceback: str | None = None
 
 
 class StepRecord(_Model):

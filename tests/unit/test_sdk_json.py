@@ -50,13 +50,13 @@ def outcomes(block_orjson: bool) -> dict[str, list[str]]:
     if not block_orjson:
         scope: dict[str, Any] = {}
         exec(CASES, scope)
-        return json.loads(scope["OUTCOMES"])  # type: ignore[no-any-return]
+        return json.loads(scope["OUTCOMES"])
     code = "import sys\nsys.modules['orjson'] = None\n" + CASES + "\nprint(OUTCOMES)"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
