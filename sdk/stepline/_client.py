@@ -444,7 +444,12 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
         timeout = max(self._timeout, req.read_timeout or 0.0)
         try:
             answer = await self._direct.request(
-                req.method, url, content or b"", headers, timeout=timeout
+                req.method,
+                url,
+                content or b"",
+                headers,
+                timeout=timeout,
+                idempotent=req.method in _http.SAFE_METHODS,
             )
         except _http.HttpError as exc:
             request = httpx.Request(req.method, url)

@@ -3,11 +3,13 @@
 Each ``ctx`` operation looks its step up by name in the recorded history. A finished record is
 replayed at once, without yielding to the event loop; anything new becomes a pending
 :class:`_Op` that the engine (``stepline._engine``) dispatches when the workflow is quiescent.
+Within one branch (an asyncio task), recorded steps must be met in their recorded order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable
@@ -34,6 +36,13 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# The last recorded step entered by the current branch, with the Context it belongs to. A task
+# made by gather inherits its parent's value, which is right: its steps come after the parent's
+# earlier ones. Keyed to the Context so two invocations never compare their steps.
+_last_recorded: contextvars.ContextVar[tuple[Context, protocol.StepRecord] | None] = (
+    contextvars.ContextVar("stepline_last_recorded", default=None)
+)
 
 
 @dataclass(eq=False)
@@ -110,6 +119,9 @@ class Context:
                 raise StepFailed.from_info(name, record.error)
             if record.status is StepStatus.CANCELLED:
                 raise self._cancelled()
+            if record.status is StepStatus.RETRYING and record.blocked:
+                # Its backoff has not run out: the branch waits for a later invocation.
+                return await self._block(record, name, StepKind.RUN, Action.START)
             attempt = record.attempt + 1
         self._check_cancel()
         if attempt > self.retries.attempts:
@@ -268,7 +280,24 @@ class Context:
                     name,
                 )
             )
+        if record is not None:
+            self._check_order(record)
         return record
+
+    def _check_order(self, record: protocol.StepRecord) -> None:
+        last = _last_recorded.get()
+        if last is not None and last[0] is self and record.position < last[1].position:
+            before = last[1].name
+            raise self.fail_run(
+                NondeterminismError(
+                    f"steps {before!r} and {record.name!r} were met in another order than "
+                    f"recorded: {record.name!r} was recorded before {before!r}; the workflow "
+                    "changed in a way that is not replay-safe (steps reordered)",
+                    record.name,
+                    before,
+                )
+            )
+        _last_recorded.set((self, record))
 
     def _replay_or_new(self, record: protocol.StepRecord | None) -> None:
         if record is not None and record.status is StepStatus.CANCELLED:

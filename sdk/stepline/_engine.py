@@ -186,6 +186,14 @@ class Invocation:
     def _step_raised(self, op: _Op, exc: Exception) -> None:
         info = error_info(exc)
         attempt, retries = op.update.attempt, self.ctx.retries
+        logger.warning(
+            "step_attempt_failed: step %r, attempt %d, run %s",
+            op.name,
+            attempt,
+            self.request.run_id,
+            exc_info=exc,
+            extra={"step": op.name, "attempt": attempt, "run_id": self.request.run_id},
+        )
         if isinstance(exc, TerminalError) or attempt >= retries.attempts:
             self._step_failed(op, info)
             return
@@ -227,6 +235,7 @@ class Invocation:
         if self.running:
             await asyncio.wait(set(self.running))
         if ctx.fatal is not None:
+            self._log_failed(ctx.fatal)
             return self._answer(InvokeStatus.FAILED, error=error_info(ctx.fatal))
         if ctx.cancel_raised:
             return self._answer(InvokeStatus.CANCELLED)
@@ -235,6 +244,7 @@ class Invocation:
             return self._answer(InvokeStatus.FAILED, error=info)
         exc = task.exception()
         if exc is not None:
+            self._log_failed(exc)
             return self._answer(InvokeStatus.FAILED, error=error_info(exc))
         try:
             output, size = _json.round_trip(task.result())
@@ -248,6 +258,16 @@ class Invocation:
             )
             return self._answer(InvokeStatus.FAILED, error=info)
         return self._answer(InvokeStatus.COMPLETED, output=output)
+
+    def _log_failed(self, exc: BaseException) -> None:
+        run_id, workflow = self.request.run_id, self.request.workflow
+        logger.error(
+            "workflow_failed: workflow %r, run %s",
+            workflow,
+            run_id,
+            exc_info=exc,
+            extra={"workflow": workflow, "run_id": run_id, "attempt": self.request.attempt},
+        )
 
     def _answer(self, status: InvokeStatus, **fields: Any) -> protocol.InvokeResponse:
         return protocol.InvokeResponse(status=status, updates=list(self.buffer), **fields)

@@ -20,6 +20,7 @@ Every exception carries its data as attributes, so code that catches one can act
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from stepline import protocol
@@ -76,22 +77,35 @@ class ChildWorkflowFailed(SteplineError):
 class StepFailed(SteplineError):
     """A step failed for good: a terminal error, or every attempt failed."""
 
-    def __init__(self, step: str, error_type: str, message: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        step: str,
+        error_type: str,
+        message: str,
+        code: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
         super().__init__(f"step {step!r} failed: {error_type}: {message}")
         self.step = step
         self.error_type = error_type
         self.error_message = message
         self.code = code
+        self.traceback = traceback  # the step's own, when known
 
     @classmethod
     def from_info(cls, step: str, error: protocol.ErrorInfo | None) -> StepFailed:
         """Build from a recorded error."""
         info = error or protocol.ErrorInfo()
-        return cls(step, info.type, info.message, info.code)
+        return cls(step, info.type, info.message, info.code, info.traceback)
 
     def info(self) -> protocol.ErrorInfo:
         """The step's error as recorded."""
-        return protocol.ErrorInfo(type=self.error_type, message=self.error_message, code=self.code)
+        return protocol.ErrorInfo(
+            type=self.error_type,
+            message=self.error_message,
+            code=self.code,
+            traceback=self.traceback,
+        )
 
 
 class NondeterminismError(SteplineError):
@@ -138,8 +152,24 @@ class _Suspended(BaseException):
         )
 
 
+MAX_TRACEBACK_BYTES = 16 * 1024
+"""A recorded traceback is at most this much UTF-8 (API.md); past it, its start is cut."""
+
+_CUT = "[traceback cut to its last 16 KiB]\n"
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s Python traceback as text, cut to its last 16 KiB: the end holds the raise site."""
+    text = "".join(traceback.format_exception(exc))
+    data = text.encode()
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return text
+    keep = MAX_TRACEBACK_BYTES - len(_CUT.encode())
+    return _CUT + data[-keep:].decode("utf-8", "ignore")
+
+
 def error_info(exc: BaseException) -> protocol.ErrorInfo:
-    """How an exception is recorded: type, message (bounded) and stable code."""
+    """How an exception is recorded: type, message (bounded), stable code and traceback."""
     if isinstance(exc, StepFailed):
         return exc.info()
     code: str | None = None
@@ -152,4 +182,6 @@ def error_info(exc: BaseException) -> protocol.ErrorInfo:
     message = str(exc) or repr(exc)
     if len(message) > 4000:
         message = message[:4000] + "…"
-    return protocol.ErrorInfo(type=type(exc).__name__, message=message, code=code)
+    return protocol.ErrorInfo(
+        type=type(exc).__name__, message=message, code=code, traceback=format_traceback(exc)
+    )

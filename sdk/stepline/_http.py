@@ -6,6 +6,11 @@ uvicorn, httpx's pooled ``AsyncClient`` spent about 1-2 ms of CPU per request, a
 0.1 ms, and this client about 0.015 ms; it needs nothing beyond the standard library, which
 keeps the SDK light. It does only what these calls need: a request with a body, HTTP and HTTPS,
 ``Content-Length`` or chunked answers, keep-alive, 307/308 redirects, and a total timeout.
+
+A request is sent once. Only when it is safe is it sent again on a fresh connection: the pooled
+connection was seen closed before anything was written, or the caller marked the request
+``idempotent`` (the answer to a request written to a reused connection may be lost after the
+server acted on it, so resending a plain POST could run it twice).
 :class:`AsyncTransport` puts it under ``httpx.AsyncClient`` (the REST client's default).
 """
 
@@ -25,6 +30,8 @@ __all__ = ["AsyncTransport", "HttpClient", "HttpError", "Response"]
 _MAX_HEAD = 64 * 1024
 _IDLE_SECONDS = 4.0  # below uvicorn's default keep-alive of 5 s
 _REDIRECTS = frozenset({307, 308})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that change nothing on the server: a lost answer may be asked for again."""
 
 Origin = tuple[str, str, int]
 
@@ -73,10 +80,20 @@ class HttpClient:
         *,
         timeout: float | None = None,
         follow_redirects: bool = False,
+        idempotent: bool = False,
     ) -> Response:
-        """POST ``body`` to ``url``; raise :class:`HttpError` when there is no answer."""
+        """POST ``body`` to ``url``; raise :class:`HttpError` when there is no answer.
+
+        ``idempotent``: sending the request twice does no harm, so an answer lost on a reused
+        connection may be asked for again on a fresh one."""
         return await self.request(
-            "POST", url, body, headers, timeout=timeout, follow_redirects=follow_redirects
+            "POST",
+            url,
+            body,
+            headers,
+            timeout=timeout,
+            follow_redirects=follow_redirects,
+            idempotent=idempotent,
         )
 
     async def request(
@@ -88,12 +105,14 @@ class HttpClient:
         *,
         timeout: float | None = None,
         follow_redirects: bool = False,
+        idempotent: bool = False,
     ) -> Response:
-        """Send one request; raise :class:`HttpError` when there is no answer."""
+        """Send one request; raise :class:`HttpError` when there is no answer (see
+        :meth:`post` for ``idempotent``)."""
         try:
             async with asyncio.timeout(timeout or self.timeout):
                 for _ in range(6):
-                    response = await self._send(method, url, body, headers)
+                    response = await self._send(method, url, body, headers, idempotent)
                     location = response.headers.get("location")
                     if not (follow_redirects and response.status in _REDIRECTS and location):
                         return response
@@ -102,7 +121,9 @@ class HttpClient:
         except TimeoutError:
             raise HttpError("timed out") from None
 
-    async def _send(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> Response:
+    async def _send(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], idempotent: bool
+    ) -> Response:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HttpError(f"not an http(s) URL: {url!r}")
@@ -117,26 +138,25 @@ class HttpClient:
         if conn is not None:
             try:
                 return await self._exchange(origin, conn, request)
-            except (ConnectionError, asyncio.IncompleteReadError, _Stale):
-                pass  # the server closed the idle connection first: try a fresh one
+            except _FAILURES as exc:
+                if not idempotent:
+                    # Written, so perhaps acted on: sending it again could do it twice.
+                    raise _failed(exc, "on a reused connection; not sent again") from None
         conn = await self._open(origin)
         try:
             return await self._exchange(origin, conn, request)
-        except (
-            OSError,
-            ValueError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            _Stale,
-        ) as exc:
-            raise HttpError(f"{type(exc).__name__}: {exc or 'connection closed'}") from None
+        except _FAILURES as exc:
+            raise _failed(exc) from None
 
     def _take(self, origin: Origin) -> _Conn | None:
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if now - conn.used < _IDLE_SECONDS and not conn.reader.at_eof():
+            # Only a connection that is not known dead is used: a request written to one
+            # whose answer then fails is not sent again (unless idempotent).
+            alive = not conn.reader.at_eof() and not conn.writer.is_closing()
+            if alive and now - conn.used < _IDLE_SECONDS:
                 return conn
             conn.close()
         return None
@@ -196,6 +216,14 @@ class _Stale(Exception):
     """The connection ended before an answer began."""
 
 
+_FAILURES = (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, _Stale)
+
+
+def _failed(exc: BaseException, where: str = "") -> HttpError:
+    detail = f"{type(exc).__name__}: {exc or 'connection closed'}"
+    return HttpError(f"{detail} ({where})" if where else detail)
+
+
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
     if not head.startswith(b"HTTP/1."):
         raise _Stale(f"not an HTTP/1.x answer: {head[:40]!r}")
@@ -244,7 +272,12 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         }
         try:
             answer = await self._client.request(
-                request.method, str(request.url), body, headers, timeout=total
+                request.method,
+                str(request.url),
+                body,
+                headers,
+                timeout=total,
+                idempotent=request.method in SAFE_METHODS,
             )
         except HttpError as exc:
             if str(exc) == "timed out":

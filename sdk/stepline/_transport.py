@@ -76,7 +76,8 @@ class Transport:
             except httpx.HTTPError as exc:
                 raise _http.HttpError(f"{type(exc).__name__}: {exc}") from None
             return answer.status_code, answer.content
-        response = await self._fast.post(url, content, headers)
+        # The orchestrator applies a repeated seq with the same body once: safe to resend.
+        response = await self._fast.post(url, content, headers, idempotent=True)
         return response.status, response.body
 
     async def progress(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from stepline import protocol
-from stepline._deployment import detect_deployment_id
+from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
 from stepline._transport import Transport
 
@@ -109,6 +109,8 @@ class Stepline:
     ``signing_secret``: one secret or several (newest first; all verify); default
     ``STEPLINE_SIGNING_SECRET`` (comma separated). ``http_client``: the client used for
     progress calls to the orchestrator (default: one shared keep-alive client, made lazily).
+    ``deployment_id``: sent with every answer; default ``STEPLINE_DEPLOYMENT_ID``, else the
+    hosting platform's id, else one derived from the workflows' source (``code-…``).
     """
 
     def __init__(
@@ -119,7 +121,8 @@ class Stepline:
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
-        self.deployment_id: str | None = deployment_id or detect_deployment_id()
+        self._named_deployment_id = deployment_id or detect_deployment_id()
+        self._code_deployment_id: str | None = None  # derived when first needed
         self.transport = Transport(http_client)
         self._workflows: dict[str, WorkflowDef] = {}
 
@@ -153,6 +156,7 @@ class Stepline:
                 raise TypeError(f"workflow {name!r} must be an async function (async def)")
             if name in self._workflows:
                 raise ValueError(f"workflow {name!r} is already registered")
+            self._code_deployment_id = None  # the code changed: derive the id again
             self._workflows[name] = WorkflowDef(
                 name=name,
                 fn=fn,
@@ -164,6 +168,18 @@ class Stepline:
             return fn
 
         return register
+
+    @property
+    def deployment_id(self) -> str:
+        """Which deployment answers: the one given or found in the environment, else
+        ``code-`` and a hash of the registered workflows' source."""
+        if self._named_deployment_id is not None:
+            return self._named_deployment_id
+        if self._code_deployment_id is None:
+            self._code_deployment_id = code_deployment_id(
+                (w.name, w.fn) for w in self._workflows.values()
+            )
+        return self._code_deployment_id
 
     @property
     def workflows(self) -> Mapping[str, WorkflowDef]:

@@ -68,11 +68,13 @@ class _Model(BaseModel):
 
 
 class ErrorInfo(_Model):
-    """An error as recorded: the exception type, a message and an optional stable code."""
+    """An error as recorded: the exception type, a message, an optional stable code and the
+    Python traceback as text (at most 16 KiB, its end kept)."""
 
     type: str = "Error"
     message: str = ""
     code: str | None = None
+    traceback: str | None = None
 
 
 class StepRecord(_Model):
@@ -90,6 +92,8 @@ class StepRecord(_Model):
     callback_url: str | None = Field(default=None, alias="callbackUrl")
     child_run_id: str | None = Field(default=None, alias="childRunId")
     timed_out: bool = Field(default=False, alias="timedOut")
+    blocked: bool = Field(default=False, alias="blocked")
+    """A retrying step whose next attempt is not due yet: its branch waits."""
 
 
 class InvokeRequest(_Model):

