@@ -74,6 +74,7 @@ class WorkflowDef:
     timeout_ms: int | None = None
     concurrency: int | None = None
     schedule: protocol.ScheduleSpec | None = None
+    delivery_window_ms: int | None = None
 
     def info(self) -> protocol.WorkflowInfo:
         """As ``describe`` reports it."""
@@ -83,6 +84,7 @@ class WorkflowDef:
             timeoutMs=self.timeout_ms,
             concurrency=self.concurrency,
             schedule=self.schedule,
+            deliveryWindowMs=self.delivery_window_ms,
         )
 
 
@@ -134,11 +136,15 @@ class Stepline:
         timeout: Duration | None = None,
         concurrency: int | None = None,
         schedule: str | dict[str, Any] | protocol.ScheduleSpec | None = None,
+        delivery_window: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, input)`` as the workflow ``name``.
 
         ``concurrency``: at most this many invocations of the workflow run at once (a run that
         sleeps or waits holds no slot); the orchestrator holds the others back, oldest first.
+        ``delivery_window``: how long the orchestrator keeps trying to invoke a run of it while
+        the app cannot be reached (default: its ``STEPLINE_DELIVERY_WINDOW``, 24 h); failed
+        deliveries never use ``retries``.
         """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
@@ -148,6 +154,7 @@ class Stepline:
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         timeout_ms = None if timeout is None else to_ms(timeout)
+        window_ms = None if delivery_window is None else to_ms(delivery_window)
         spec = _schedule(schedule)
 
         def register(fn: F) -> F:
@@ -164,6 +171,7 @@ class Stepline:
                 timeout_ms=timeout_ms,
                 concurrency=concurrency,
                 schedule=spec,
+                delivery_window_ms=window_ms,
             )
             return fn
 

@@ -144,6 +144,8 @@ class WorkflowInfo(_Model):
     timeout_ms: int | None = Field(default=None, alias="timeoutMs")
     concurrency: int | None = None
     schedule: ScheduleSpec | None = None
+    # How long failed deliveries of its runs are retried (default: the orchestrator's window).
+    delivery_window_ms: int | None = Field(default=None, alias="deliveryWindowMs", ge=0)
 
 
 class DescribeResponse(_Model):

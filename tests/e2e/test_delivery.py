@@ -75,3 +75,24 @@ async def test_a_time_limit_holds_while_an_invocation_runs(database_url: str) ->
         after = await stack.client.get_run(run["id"])
         assert after["status"] == "timedOut" and after["output"] is None
         assert len(started) <= 3, started
+
+
+async def test_a_workflow_sets_its_own_delivery_window(database_url: str) -> None:
+    """delivery_window="1500ms" on the workflow: registered by sync, and its runs fail
+    app_unreachable once the app has been away that long, while the orchestrator's default
+    window is a day."""
+    sl = stepline.Stepline("window-secret")
+
+    @sl.workflow("impatient", delivery_window="1500ms")
+    async def impatient(ctx: stepline.Context, input: Any) -> Any:
+        return input
+
+    port = free_port()
+    async with orchestrator_stack(database_url) as stack:
+        async with app_server(sl, port) as url:
+            await stack.register(sl, url)
+        [wf] = (await stack.client.list_workflows())["workflows"]
+        assert wf["options"]["deliveryWindowMs"] == 1500
+        run = await stack.client.start_run("impatient", 1)
+        done = await stack.client.wait_run(run["id"], timeout=30)
+    assert done["status"] == "failed" and done["error"]["code"] == "app_unreachable", done
