@@ -53,13 +53,8 @@ async def create_app(request: Request) -> Response:
 async def list_apps(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 2)
-    after = None
-    if cursor:
-        from datetime import datetime
-        from uuid import UUID
-
-        after = (datetime.fromisoformat(cursor[0]), UUID(cursor[1]))
+    cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
+    after = (cursor[0], cursor[1]) if cursor else None
     async with orch(request).pool.acquire() as conn:
         rows = await apps.page(conn, pid, after, limit + 1)
     more = len(rows) > limit
@@ -135,7 +130,7 @@ async def sync_app(request: Request) -> Response:
 async def list_workflows(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 1)
+    cursor = pagination.decode(request, pagination.as_text)
     async with orch(request).pool.acquire() as conn:
         rows = await apps.workflows_page(conn, pid, cursor[0] if cursor else None, limit + 1)
     more = len(rows) > limit
