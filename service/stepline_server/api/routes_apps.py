@@ -77,10 +77,8 @@ async def update_app(request: Request) -> Response:
     async with orch(request).pool.acquire() as conn:
         try:
             updated = await apps.update(conn, row["project_id"], row["id"], body.url, body.name)
-        except Exception as exc:
-            if "apps_project_id_name_key" in str(exc):
-                raise InvalidState(f"the project already has an app named {body.name!r}") from None
-            raise
+        except apps.NameTaken as exc:
+            raise InvalidState(str(exc)) from None
     assert updated is not None
     return json_response(serialize.app(updated))
 
