@@ -260,6 +260,7 @@ def test_embedded_postgres_survives_kill_9(pg_folder: Path) -> None:
         adopter.stop()
         raise
     os.kill(first_pid, signal.SIGKILL)  # the server dies too, leaving a stale postmaster.pid
+    adopter.stop()  # nothing left to stop; the adopter no longer counts as using the server
     # A new process (as after a crash) starts the server again on the same data.
     restart = textwrap.dedent(f"""
         import asyncio, asyncpg

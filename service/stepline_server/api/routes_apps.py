@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import unicodedata
+from typing import Annotated
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,19 +20,78 @@ from stepline_server.api.responses import json_response, read_model
 from stepline_server.store import apps
 from stepline_server.store.db import Record
 
-_URL = r"^https?://[^\s/$.?#][^\s]*$"
+_MAX_URL = 2048
+_HOST = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _ascii(text: str) -> str:
+    """``text`` with each non-ASCII character percent-encoded (as UTF-8)."""
+    return "".join(c if c.isascii() else quote(c, safe="") for c in text)
+
+
+def _host(hostname: str, bracketed: bool) -> str:
+    """The host as sent in a request: IDNA for a name, brackets around an IPv6 address."""
+    try:
+        if bracketed:
+            return f"[{ipaddress.IPv6Address(hostname)}]"
+        host = hostname.encode("idna").decode("ascii")
+    except (ValueError, UnicodeError):  # UnicodeError: an empty or over-long label
+        host = ""
+    if not host or not _HOST.match(host):
+        raise ValueError(f"the host {hostname!r} is not a valid host name or IPv6 address")
+    return host
+
+
+def app_url(value: str) -> str:
+    """``value`` as a URL the orchestrator can call, or ValueError saying why it cannot.
+
+    http or https, a host and a port from 1 to 65535, no whitespace or control characters. A
+    non-ASCII host is written in its IDNA form and other non-ASCII characters percent-encoded,
+    since an HTTP request line and Host header carry ASCII only.
+    """
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("the URL must not contain whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:  # e.g. an unclosed or invalid [IPv6] host
+        raise ValueError(f"the URL is not valid: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("the URL must start with http:// or https://")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError("the URL's port must be a whole number from 1 to 65535")
+    if not parts.hostname:
+        raise ValueError("the URL needs a host")
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    netloc = _host(parts.hostname, hostport.startswith("["))
+    if port is not None:
+        netloc += f":{port}"
+    if userinfo:
+        netloc = f"{_ascii(userinfo)}@{netloc}"
+    url = urlunsplit(
+        (parts.scheme, netloc, _ascii(parts.path), _ascii(parts.query), _ascii(parts.fragment))
+    )
+    if len(url) > _MAX_URL:
+        raise ValueError(f"the URL is longer than {_MAX_URL} characters once encoded")
+    return url
+
+
+AppUrl = Annotated[str, Field(max_length=_MAX_URL), AfterValidator(app_url)]
 
 
 class AppCreate(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
-    url: str = Field(max_length=2048, pattern=_URL)
+    url: AppUrl
 
 
 class AppUpdate(BaseModel):
     name: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$"
     )
-    url: str | None = Field(default=None, max_length=2048, pattern=_URL)
+    url: AppUrl | None = None
 
 
 async def _app(request: Request) -> Record:
@@ -53,13 +116,8 @@ async def create_app(request: Request) -> Response:
 async def list_apps(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 2)
-    after = None
-    if cursor:
-        from datetime import datetime
-        from uuid import UUID
-
-        after = (datetime.fromisoformat(cursor[0]), UUID(cursor[1]))
+    cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
+    after = (cursor[0], cursor[1]) if cursor else None
     async with orch(request).pool.acquire() as conn:
         rows = await apps.page(conn, pid, after, limit + 1)
     more = len(rows) > limit
@@ -82,10 +140,8 @@ async def update_app(request: Request) -> Response:
     async with orch(request).pool.acquire() as conn:
         try:
             updated = await apps.update(conn, row["project_id"], row["id"], body.url, body.name)
-        except Exception as exc:
-            if "apps_project_id_name_key" in str(exc):
-                raise InvalidState(f"the project already has an app named {body.name!r}") from None
-            raise
+        except apps.NameTaken as exc:
+            raise InvalidState(str(exc)) from None
     assert updated is not None
     return json_response(serialize.app(updated))
 
@@ -99,6 +155,10 @@ async def delete_app(request: Request) -> Response:
 
 async def sync_app(request: Request) -> Response:
     row = await _app(request)
+    try:
+        app_url(row["url"])
+    except ValueError as exc:  # registered before URLs were checked
+        raise AppUnreachable(f"the app's URL cannot be called ({exc}); change it first") from None
     o = orch(request)
     result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
     if not result.ok or not isinstance(result.response, DescribeResponse):
@@ -135,7 +195,7 @@ async def sync_app(request: Request) -> Response:
 async def list_workflows(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 1)
+    cursor = pagination.decode(request, pagination.as_text)
     async with orch(request).pool.acquire() as conn:
         rows = await apps.workflows_page(conn, pid, cursor[0] if cursor else None, limit + 1)
     more = len(rows) > limit

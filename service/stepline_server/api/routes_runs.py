@@ -166,13 +166,8 @@ async def list_runs(request: Request) -> Response:
         created_before=_time(request, "createdBefore"),
     )
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 2)
-    before = None
-    if cursor:
-        try:
-            before = (datetime.fromisoformat(cursor[0]), uuid.UUID(cursor[1]))
-        except (ValueError, TypeError):
-            raise ValidationFailed("the cursor is not one this API gave out") from None
+    cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
+    before = (cursor[0], cursor[1]) if cursor else None
     async with orch(request).pool.acquire() as conn:
         rows = await runs.search(conn, pid, f, before, limit + 1)
         more = len(rows) > limit
@@ -224,7 +219,7 @@ async def list_events(request: Request) -> Response:
     run_id = path_uuid(request, "runId", "run")
     limit = pagination.limit_of(request)
     raw_after = request.query_params.get("after", "0")
-    cursor = pagination.decode(request, 1)
+    cursor = pagination.decode(request, pagination.as_seq)
     if not raw_after.isdigit():
         raise ValidationFailed("after must be a sequence number", {"fields": {"after": raw_after}})
     after = int(cursor[0]) if cursor else int(raw_after)

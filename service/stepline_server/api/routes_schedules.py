@@ -99,13 +99,8 @@ async def create_schedule(request: Request) -> Response:
 async def list_schedules(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, 2)
-    after = None
-    if cursor:
-        try:
-            after = (datetime.fromisoformat(cursor[0]), str(cursor[1]))
-        except (ValueError, TypeError):
-            raise ValidationFailed("the cursor is not one this API gave out") from None
+    cursor = pagination.decode(request, pagination.as_time, pagination.as_text)
+    after = (cursor[0], cursor[1]) if cursor else None
     async with orch(request).pool.acquire() as conn:
         rows = await schedules.page(conn, pid, after, limit + 1)
     more = len(rows) > limit

