@@ -18,6 +18,8 @@ What each row checks (see also README.md):
   invocation was killed between the two beginnings, or the app was killed: a lease must
   expire for the run to move on without a dead holder, and its in-flight step cannot be
   recalled;
+- no invocation the orchestrators did not record: every invocation the app began has an
+  ``invocation.started`` with its id in the run's history;
 - no deadlock: ``deadlock detected`` lines in the PostgreSQL log.
 
 Rows marked ``info`` count what helps the diagnosis and never fail.
@@ -323,6 +325,20 @@ def check(
     ends = [r for r in observed.records if r.get("kind") == "invoke" and r.get("phase") == "end"]
     stale = {str(r.get("inv")) for r in ends if r.get("outcome") == "stale"}
     worked = {str(r.get("inv")) for r in observed.records if r.get("kind") == "step"}
+    started = {
+        (run_id, str(ev.get("invocationId")))
+        for run_id, events in observed.histories.items()
+        for ev in events
+        if ev.get("type") == "invocation.started"
+    }
+    unrecorded = {
+        (str(r.get("run")), str(r.get("inv")))
+        for r in observed.records
+        if r.get("kind") == "invoke" and r.get("phase") == "begin"
+    } - started
+    for run_id, inv in sorted(unrecorded)[:5]:
+        report.sample("invocations missing from the history", f"{run_id}: {inv}")
+    report.add("app invocations without invocation.started", "0", len(unrecorded), not unrecorded)
     report.add("invocations answered stale", "-", len(stale), None)
     report.add("  of which had run a step", "-", len(stale & worked), None)
     refused = sum(

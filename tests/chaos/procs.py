@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -24,6 +25,13 @@ import httpx
 __all__ = ["Proc", "free_port", "kill_group", "orchestrator_argv", "stepline_argv"]
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the chaos test dies (Linux only)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -83,6 +91,7 @@ class Proc:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so kill_group gets its children
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.starts += 1
 

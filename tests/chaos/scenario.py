@@ -259,6 +259,9 @@ async def run(config: Config, out: Callable[[str], None] = print) -> checks.Repo
         out(f"  load done after {time.time() - began:.1f} s; collecting")
         observed = await _collect(api, ledger)
         observed.records = _read_records(workdir / "records.jsonl")
+        if config.keep:
+            dump = {"runs": observed.runs, "histories": observed.histories}
+            (workdir / "observed.json").write_text(json.dumps(dump))
         names = {o.url: o.name for o in stack.orchestrators}
         report = checks.check(ledger, observed, fault_log, stack.pg.deadlocks(), api.retried, names)
         if config.keep:
