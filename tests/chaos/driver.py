@@ -144,8 +144,8 @@ async def drive_run(
     """Start the run, then act on what it waits for until it ends or ``deadline`` passes."""
     try:
         await _start(api, entry)
-    except ApiGaveUp as exc:
-        entry.problems.append(str(exc))
+    except (ApiGaveUp, ValueError, KeyError, TypeError) as exc:
+        entry.problems.append(repr(exc))
         return
     if entry.run_id is None:
         return
@@ -170,7 +170,11 @@ async def drive_run(
             ):
                 await _complete_callback(api, entry, "url", str(announce["output"]), auth=False)
             key_step = steps.get("cb-key", {})
-            if "key" not in entry.callbacks and key_step.get("status") == "waiting":
+            if (
+                "key" not in entry.callbacks
+                and key_step.get("status") == "waiting"
+                and key_step.get("callbackId")
+            ):
                 target = f"/v1/callbacks/{key_step['callbackId']}"
                 await _complete_callback(api, entry, "key", target, auth=True)
             evt = steps.get("evt", {})
@@ -190,6 +194,7 @@ async def drive_run(
                         entry.event_unmatched += 1
                     else:
                         entry.problems.append(f"event answered {sent.status_code}")
-        except ApiGaveUp as exc:
-            entry.problems.append(str(exc))
+        except (ApiGaveUp, ValueError, KeyError, TypeError) as exc:
+            # A bad answer is the engine's finding, never a reason to stop driving the others.
+            entry.problems.append(repr(exc))
         await asyncio.sleep(poll * random.uniform(0.7, 1.3))
