@@ -10,7 +10,6 @@ from tests.chaos.config import parse
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.slow,
-    pytest.mark.xfail(reason="the engine does not yet keep these invariants", strict=False),
 ]
 
 
