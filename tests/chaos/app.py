@@ -44,6 +44,7 @@ class Invocation:
     token: str
     orchestrator: str
     steps: dict[str, tuple[str, int]]  # recorded step name -> (status, attempt)
+    api_url: str = ""
 
 
 _current: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
@@ -67,6 +68,8 @@ class Records:
 
 RECORDS = Records(os.environ.get("CHAOS_RECORDS"))
 FAIL_RATE = float(os.environ.get("CHAOS_FAIL_RATE", "0.2"))
+API_KEY = os.environ.get("CHAOS_API_KEY", "")
+SELF_EVENT_NAME = "chaos.self"
 
 
 def _token_hash(token: str) -> str:
@@ -100,6 +103,7 @@ def expected_output(chaos_input: dict[str, Any]) -> dict[str, Any]:
         "byUrl": callback_body(i, "url"),
         "byKey": callback_body(i, "key"),
         "event": event_data(str(chaos_input["key"]), i),
+        "self": {"key": str(chaos_input["key"]), "from": "step"},
     }
 
 
@@ -136,6 +140,32 @@ async def work(run_id: str, step: str, i: int, ms: int) -> int:
     return work_value(i, step)
 
 
+async def signal(key: str) -> bool:
+    """A step that sets off the very event the workflow's next line waits for (POST
+    /v1/events to the orchestrator that invoked it, riding out one that is down)."""
+    import asyncio
+
+    import httpx
+
+    inv = _current.get()
+    assert inv is not None
+    body = {"name": SELF_EVENT_NAME, "data": {"key": key, "from": "step"}}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        for _ in range(100):  # at most about 30 s
+            try:
+                answer = await client.post(f"{inv.api_url}/v1/events", json=body, headers=headers)
+                if answer.status_code == 202:
+                    RECORDS.write(
+                        kind="signal", run=inv.run_id, matched=answer.json()["matchedRuns"]
+                    )
+                    return True
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.3)
+    raise RuntimeError("the orchestrator did not take the event")
+
+
 async def announce(url: str) -> str:
     """A step whose result is the signed callback URL, so the driver can read it from the run."""
     return url
@@ -158,9 +188,17 @@ async def chaos(ctx: stepline.Context, input: dict[str, Any]) -> dict[str, Any]:
     event = await ctx.wait_for_event(
         "evt", event=EVENT_NAME, match={"key": input["key"]}, timeout="1h"
     )
+    # A step sets off the event the next line waits for: the two must never miss each other.
+    await ctx.step("signal", signal, input["key"])
+    mine = await ctx.wait_for_event(
+        "self-evt", event=SELF_EVENT_NAME, match={"key": input["key"]}, timeout="1h"
+    )
     last = len(ms) - 1
     results.append(await ctx.step(f"work-{last}", work, ctx.run_id, f"work-{last}", i, ms[last]))
-    return {"i": i, "work": results, "byUrl": url_body, "byKey": key_body, "event": event}
+    return {
+        "i": i, "work": results, "byUrl": url_body, "byKey": key_body, "event": event,
+        "self": mine,
+    }  # fmt: skip
 
 
 # -- the wrapper ---------------------------------------------------------------------------
@@ -209,7 +247,7 @@ class FlakyRecorder:
         }
         inv = Invocation(
             str(common["run"]), str(common["inv"]), str(payload.get("token")),
-            str(common["orch"]), steps,
+            str(common["orch"]), steps, str(payload.get("apiUrl") or ""),
         )  # fmt: skip
         RECORDS.write(phase="begin", **common)
         answer: dict[str, Any] = {"status": None, "parts": []}

@@ -117,6 +117,7 @@ async def _setup(stack: Stack, config: Config) -> tuple[Api, str]:
         STEPLINE_SIGNING_SECRET=str(app_info["signingSecret"]),
         CHAOS_RECORDS=str(stack.workdir / "records.jsonl"),
         CHAOS_FAIL_RATE=str(config.fail_rate),
+        CHAOS_API_KEY=stack.key,
     )
     argv = [
         sys.executable, "-m", "uvicorn", "tests.chaos.app:app", "--host", "127.0.0.1",
