@@ -16,7 +16,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
-from stepline._workflow import Retries, Stepline, __version__
+from stepline._workflow import Concurrency, Retries, Stepline, __version__
 
 __all__ = [
     "ApiError",
@@ -26,6 +26,7 @@ __all__ = [
     "Cancelled",
     "ChildWorkflowFailed",
     "Client",
+    "Concurrency",
     "Context",
     "NondeterminismError",
     "Retries",

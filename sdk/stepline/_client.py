@@ -7,7 +7,7 @@ return, so ``Client.get_run`` returns a dict and ``AsyncClient.get_run`` an awai
 
 from __future__ import annotations
 
-import json
+import asyncio
 import math
 import os
 import time
@@ -22,6 +22,9 @@ import httpx
 from stepline import _http, _json
 from stepline._durations import Duration, parse_duration
 from stepline._errors import SteplineError
+
+UNAVAILABLE_PAUSE = 0.5
+"""Seconds ``wait_run`` waits before asking again after ``503 unavailable``."""
 
 JSON = dict[str, Any]
 _D = TypeVar("_D")  # a JSON object, or an awaitable of one
@@ -179,7 +182,7 @@ class _Api(Generic[_D, _N, _I]):
         if req.body is _NO_BODY:
             return None, headers
         headers["Content-Type"] = "application/json"
-        return json.dumps(req.body).encode(), headers
+        return _json.dumps(req.body), headers  # pydantic models as their JSON
 
     def _build(self, req: _Request) -> httpx.Request:
         content, headers = self._content(req)
@@ -384,7 +387,13 @@ class Client(_Api[JSON, None, Iterator[JSON]]):
 
     def _wait(self, waiter: _Waiter) -> JSON:
         while True:
-            run = self._json(waiter.next_request())
+            try:
+                run = self._json(waiter.next_request())
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+                time.sleep(UNAVAILABLE_PAUSE)  # the orchestrator's database is restarting
+                continue
             if waiter.done(run):
                 return run
 
@@ -470,7 +479,13 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
 
     async def _wait(self, waiter: _Waiter) -> JSON:
         while True:
-            run = await self._json(waiter.next_request())
+            try:
+                run = await self._json(waiter.next_request())
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+                await asyncio.sleep(UNAVAILABLE_PAUSE)  # the orchestrator's database restarts
+                continue
             if waiter.done(run):
                 return run
 

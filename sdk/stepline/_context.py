@@ -29,6 +29,7 @@ from stepline._errors import (
     SteplineError,
     _Suspended,
 )
+from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
+M = TypeVar("M")
 
 # The last recorded step entered by the current branch, with the Context it belongs to. A task
 # made by gather inherits its parent's value, which is right: its steps come after the parent's
@@ -102,12 +104,25 @@ class Context:
 
     @overload
     async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, type: type[M], **kwargs: Any
+    ) -> M: ...
+    @overload
+    async def step(
         self, name: str, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs
     ) -> T: ...
     @overload
     async def step(self, name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` once (sync functions in a thread); return its JSON result."""
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, type: Any = None, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once (sync functions in a thread); return its JSON result,
+        or with ``type`` (a pydantic model, or any type pydantic validates) the result as that
+        type, on the first execution and on replay alike."""
+        return convert(type, await self._step(name, fn, args, kwargs))
+
+    async def _step(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable")
         record = self._enter(name, StepKind.RUN)

@@ -14,6 +14,8 @@ import inspect
 import logging
 from typing import Any
 
+import pydantic
+
 from stepline import _json, protocol
 from stepline._context import Context, _Op
 from stepline._durations import to_ms
@@ -59,7 +61,20 @@ class Invocation:
 
     async def run(self) -> protocol.InvokeResponse:
         """Drive the workflow to its answer. Raises ``OrchestratorUnavailable`` when stuck."""
-        coro = self.definition.fn(self.ctx, self.request.input)
+        model = self.definition.signature.input_model
+        if model is not None:
+            try:
+                given = model.model_validate(self.request.input)
+            except pydantic.ValidationError as exc:
+                info = protocol.ErrorInfo(
+                    type="ValidationError",
+                    code="validation_failed",
+                    message=f"the run's input is not a valid {model.__name__}: {exc}",
+                )
+                return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=info)
+        else:
+            given = self.request.input
+        coro = self.definition.fn(self.ctx, given)
         self.task = asyncio.ensure_future(coro)
         self.task.add_done_callback(_retrieve)
         try:

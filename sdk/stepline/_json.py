@@ -3,7 +3,8 @@
 Compact UTF-8, non-ASCII kept as is, integers of any size kept exact, ``NaN`` and ``Infinity``
 refused, dict keys as :mod:`json` allows them (``str``, ``int``, ``float``, ``bool``, ``None``;
 non-strings become strings). Beyond JSON's own types, ``datetime``, ``date`` and ``time`` become
-ISO 8601 strings and a ``UUID`` its string; anything else raises ``TypeError`` naming its type.
+ISO 8601 strings, a ``UUID`` its string and a pydantic model its ``model_dump(mode="json")``;
+anything else raises ``TypeError`` naming its type.
 orjson is not used even when installed: it encodes some values differently (datetimes, large
 integers), so a result would depend on the environment.
 """
@@ -15,6 +16,8 @@ import uuid
 from datetime import date, datetime, time
 from typing import Any
 
+from pydantic import BaseModel
+
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """Inputs, outputs and step results are JSON of at most 1 MiB (API.md)."""
 
@@ -24,9 +27,11 @@ def _default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     raise TypeError(
         f"type {type(value).__qualname__} is not JSON serialisable (use dicts, lists, strings, "
-        "numbers, booleans, None, datetimes or UUIDs)"
+        "numbers, booleans, None, datetimes, UUIDs or pydantic models)"
     )
 
 

@@ -15,6 +15,7 @@ from stepline import protocol
 from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
 from stepline._transport import Transport
+from stepline._types import Signature, signature_of
 
 if TYPE_CHECKING:
     from stepline._context import Context
@@ -65,6 +66,15 @@ class Retries:
 
 
 @dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` runs of a workflow are invoked at once; with ``key`` (an input field),
+    at most ``limit`` per value of that field, while runs of other values go on."""
+
+    limit: int
+    key: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkflowDef:
     """A registered workflow: its function and options."""
 
@@ -75,6 +85,10 @@ class WorkflowDef:
     concurrency: int | None = None
     schedule: protocol.ScheduleSpec | None = None
     delivery_window_ms: int | None = None
+    signature: Signature = field(default_factory=Signature)
+    on_event: str | None = None
+    concurrency_key: str | None = None
+    singleton_key: str | None = None
 
     def info(self) -> protocol.WorkflowInfo:
         """As ``describe`` reports it."""
@@ -85,6 +99,11 @@ class WorkflowDef:
             concurrency=self.concurrency,
             schedule=self.schedule,
             deliveryWindowMs=self.delivery_window_ms,
+            inputSchema=self.signature.input_schema(),
+            outputSchema=self.signature.output_schema(),
+            onEvent=self.on_event,
+            concurrencyKey=self.concurrency_key,
+            singletonKey=self.singleton_key,
         )
 
 
@@ -134,9 +153,11 @@ class Stepline:
         *,
         retries: Retries | int | None = None,
         timeout: Duration | None = None,
-        concurrency: int | None = None,
+        concurrency: int | Concurrency | None = None,
         schedule: str | dict[str, Any] | protocol.ScheduleSpec | None = None,
         delivery_window: Duration | None = None,
+        on_event: str | None = None,
+        singleton_key: str | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, input)`` as the workflow ``name``.
 
@@ -144,14 +165,22 @@ class Stepline:
         sleeps or waits holds no slot); the orchestrator holds the others back, oldest first.
         ``delivery_window``: how long the orchestrator keeps trying to invoke a run of it while
         the app cannot be reached (default: its ``STEPLINE_DELIVERY_WINDOW``, 24 h); failed
-        deliveries never use ``retries``.
+        deliveries never use ``retries``. ``concurrency`` may be
+        ``Concurrency(limit=N, key="userId")``: at most N runs per value of that input field.
+        ``on_event``: every event of that name starts a run, with the event's data as input.
+        ``singleton_key``: while a run with that input field's value has not ended, starting
+        another answers the existing run. An ``input`` parameter annotated with a pydantic
+        model receives that model (and inputs are checked against its schema before a run is
+        made); a return annotation with a model is dumped to JSON.
         """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
         if name in self._workflows:
             raise ValueError(f"workflow {name!r} is already registered")
         policy = Retries(attempts=retries) if isinstance(retries, int) else retries or Retries()
-        if concurrency is not None and concurrency < 1:
+        limit = concurrency.limit if isinstance(concurrency, Concurrency) else concurrency
+        concurrency_key = concurrency.key if isinstance(concurrency, Concurrency) else None
+        if limit is not None and limit < 1:
             raise ValueError("concurrency must be at least 1")
         timeout_ms = None if timeout is None else to_ms(timeout)
         window_ms = None if delivery_window is None else to_ms(delivery_window)
@@ -169,9 +198,13 @@ class Stepline:
                 fn=fn,
                 retries=policy,
                 timeout_ms=timeout_ms,
-                concurrency=concurrency,
+                concurrency=limit,
                 schedule=spec,
                 delivery_window_ms=window_ms,
+                signature=signature_of(fn),
+                on_event=on_event,
+                concurrency_key=concurrency_key,
+                singleton_key=singleton_key,
             )
             return fn
 

@@ -146,6 +146,15 @@ class WorkflowInfo(_Model):
     schedule: ScheduleSpec | None = None
     # How long failed deliveries of its runs are retried (default: the orchestrator's window).
     delivery_window_ms: int | None = Field(default=None, alias="deliveryWindowMs", ge=0)
+    # JSON Schemas of a typed workflow's input and output (pydantic models).
+    input_schema: dict[str, Any] | None = Field(default=None, alias="inputSchema")
+    output_schema: dict[str, Any] | None = Field(default=None, alias="outputSchema")
+    # Every event of this name starts a run of the workflow, with the event's data as input.
+    on_event: str | None = Field(default=None, alias="onEvent", min_length=1, max_length=256)
+    # concurrency counts per value of this input field (without it: for the whole workflow).
+    concurrency_key: str | None = Field(default=None, alias="concurrencyKey", min_length=1)
+    # While a run with this input field's value has not ended, starting another answers it.
+    singleton_key: str | None = Field(default=None, alias="singletonKey", min_length=1)
 
 
 class DescribeResponse(_Model):

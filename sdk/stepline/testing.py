@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepline import protocol
+from stepline import _json, protocol
 from stepline._engine import Invocation
 from stepline._workflow import Stepline
 from stepline.protocol import Action, StepKind, StepRecord, StepStatus, StepUpdate
@@ -185,6 +185,7 @@ async def run(
     definition = sl.get(workflow)
     if definition is None:
         raise LookupError(f"workflow {workflow!r} is not registered")
+    input = _json.round_trip(input)[0]  # a model as its JSON, as the orchestrator sends it
     memory = _MemoryRun(
         sl, workflow, input, run_id or f"test-{workflow}", callbacks or {}, events or {},
         cancel_after,

@@ -8,7 +8,7 @@ import stepline
 
 EXPECTED = {
     "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Context", "NondeterminismError", "Retries",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "Retries",
     "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "__version__", "parse_duration", "protocol",
 }  # fmt: skip

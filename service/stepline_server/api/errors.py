@@ -9,7 +9,8 @@ ApiError                      code, status, message, details
  ├── RunKeyConflict           409 run_key_conflict
  ├── InvalidState             409 invalid_state
  ├── StaleInvocation          409 stale_invocation
- └── AppUnreachable           502 app_unreachable
+ ├── AppUnreachable           502 app_unreachable
+ └── Unavailable              503 unavailable (the database is away; Retry-After)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline_server.api.responses import json_response
+from stepline_server.store import db
 
 log = structlog.get_logger("stepline.api")
 
@@ -114,6 +116,16 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     return error_response(error)
 
 
+class Unavailable(ApiError):
+    code, status, default = "unavailable", 503, "the database is not reachable; try again shortly"
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    if db.is_transient(exc):
+        # The database went away (a restart): nothing was done; the caller may try again.
+        log.warning("request_unavailable", path=request.url.path, error=str(exc))
+        response = error_response(Unavailable())
+        response.headers["Retry-After"] = "1"
+        return response
     log.exception("request_failed", path=request.url.path)
     return error_response(ApiError())

@@ -17,12 +17,14 @@ from stepline._durations import parse_duration
 from stepline_server.api import pagination, serialize
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import (
+    ApiError,
     InvalidState,
     NotFound,
     RunKeyConflict,
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model
+from stepline_server.engine import inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, runs, waits
 from stepline_server.store.db import Conn, Record
@@ -72,9 +74,22 @@ async def start_run(request: Request) -> Response:
     notify = o.dispatcher.tell_others()
     with o.dispatcher.slot() as slot:
         async with o.pool.acquire() as conn:
-            row = await _create(conn, pid, body, new, notify=notify, lease=slot.lease)
-            if row["id"] != new.id:  # the run its key names, with the same workflow and input
-                return json_response(await run_json(conn, row), 200)
+            wf = await apps.workflow(conn, pid, body.workflow)
+            if wf is None:
+                raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
+            problems = inputs.input_problems((wf["options"] or {}).get("inputSchema"), body.input)
+            if problems:
+                raise ValidationFailed(
+                    f"the input does not match {body.workflow!r}'s input schema: "
+                    + ", ".join(problems),
+                    {"fields": problems},
+                )
+            row, deduplicated = await _create(conn, wf, body, new, notify=notify, lease=slot.lease)
+            if row["id"] != new.id:  # the run its key or singleton key names
+                answer = await run_json(conn, row)
+                if deduplicated:
+                    answer["deduplicated"] = True
+                return json_response(answer, 200)
         slot.take(row)
     o.metrics.inc("stepline_runs_started_total")
     return json_response(serialize.run(row, row["app_slug"], []), 201)
@@ -82,33 +97,39 @@ async def start_run(request: Request) -> Response:
 
 async def _create(
     conn: Conn,
-    pid: uuid.UUID,
+    wf: Record,
     body: RunStart,
     new: runs.NewRun,
     *,
     notify: bool,
     lease: runs.Lease | None,
-) -> Record:
+) -> tuple[Record, bool]:
     """The run created, or the existing run its key names when that has the same workflow and
-    input; 404 when the workflow is not registered, 409 when the key names another run."""
-    row = await runs.insert(conn, new, notify=notify, lease=lease)
-    if row is not None:
-        return row
-    if await apps.workflow(conn, pid, body.workflow) is None:
-        raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
-    assert body.run_key is not None
-    existing = await runs.by_key(conn, pid, body.run_key)
-    if existing is None:  # deleted in between: try once more
+    input, or (True) the active run of its singleton key; 409 when the key names another
+    run."""
+    for _ in range(3):
         row = await runs.insert(conn, new, notify=notify, lease=lease)
-        assert row is not None
-        return row
-    if existing["workflow"] == body.workflow and existing["input"] == body.input:
-        return existing
-    raise RunKeyConflict(
-        f"run key {body.run_key!r} belongs to run {existing['id']} with a different workflow"
-        " or input",
-        {"runId": str(existing["id"])},
-    )
+        if row is not None:
+            return row, False
+        if body.run_key is not None:
+            existing = await runs.by_key(conn, new.project_id, body.run_key)
+            if existing is not None:
+                if existing["workflow"] == body.workflow and existing["input"] == body.input:
+                    return existing, False
+                raise RunKeyConflict(
+                    f"run key {body.run_key!r} belongs to run {existing['id']} with a different"
+                    " workflow or input",
+                    {"runId": str(existing["id"])},
+                )
+        field = (wf["options"] or {}).get("singletonKey")
+        if isinstance(field, str):
+            active = await runs.active_singleton(
+                conn, new.project_id, body.workflow, body.input, field
+            )
+            if active is not None:
+                return active, True
+        # What stood in the way ended or went away in between: try again.
+    raise ApiError("the run could not be created; try again")
 
 
 async def get_run(request: Request) -> Response:

@@ -19,6 +19,7 @@ from stepline_server.store import waits
 class EventSend(BaseModel):
     name: str = Field(min_length=1, max_length=256)
     data: Any = None
+    id: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 async def get_callback(request: Request) -> Response:
@@ -71,9 +72,18 @@ async def send_event(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, EventSend)
     o = orch(request)
-    event_id = uuid.uuid4()
     async with o.pool.acquire() as conn:
-        matched = await waits.send_event(conn, event_id, pid, body.name, body.data)
-    if matched:
+        event_id, sent = await waits.send_event(
+            conn, pid, body.name, body.data, body.id, notify=o.dispatcher.tell_others()
+        )
+    if sent.matched or sent.started:
         o.dispatcher.wake()
-    return json_response({"id": str(event_id), "name": body.name, "matchedRuns": len(matched)}, 202)
+    answer = {
+        "id": body.id if body.id is not None else str(event_id),
+        "name": body.name,
+        "matchedRuns": len(sent.matched),
+        "startedRuns": [str(r) for r in sent.started],
+    }
+    if sent.repeated:
+        answer["deduplicated"] = True
+    return json_response(answer, 202)

@@ -32,10 +32,13 @@ def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
 
 
 def workflow(row: Record) -> dict[str, Any]:
+    options = row["options"] or {}
     return {
         "name": row["name"],
         "app": row["app_slug"],
-        "options": row["options"],
+        "options": options,
+        "inputSchema": options.get("inputSchema"),
+        "outputSchema": options.get("outputSchema"),
         "syncedAt": ts(row["synced_at"]),
     }
 
@@ -82,6 +85,7 @@ def run(
         if started and scheduled
         else None,
         "trigger": row["trigger"],
+        "eventId": str(row["event_id"]) if row.get("event_id") else None,
         "createdAt": ts(row["created_at"]),
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),

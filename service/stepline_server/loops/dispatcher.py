@@ -268,9 +268,12 @@ class Dispatcher:
 
     async def _release_held(self, claim: Mapping[str, Any]) -> None:
         cap = int((claim["options"] or {}).get("concurrency") or 0)
+        capped = dispatch.Capped(
+            claim["project_id"], claim["workflow"], claim.get("concurrency_key"), cap
+        )
         try:
             async with self.pool.acquire() as conn:
-                await dispatch.release_held(conn, (claim["project_id"], claim["workflow"], cap))
+                await dispatch.release_held(conn, capped)
         except Exception:
             log.exception("release_held_failed")  # the heartbeat loop tries again
 

@@ -22,9 +22,8 @@ async def claim(
     room = limit - len(claimed)
     if room > 0:
         for wf in await conn.fetch(Q["due_capped_workflows"]):
-            got = await claim_capped(
-                conn, wf["project_id"], wf["workflow"], wf["cap"], owner, lease_seconds, room
-            )
+            capped = Capped(wf["project_id"], wf["workflow"], wf["concurrency_key"], wf["cap"])
+            got = await claim_capped(conn, capped, owner, lease_seconds, room)
             claimed += got
             room -= len(got)
             if room <= 0:
@@ -32,36 +31,48 @@ async def claim(
     return claimed
 
 
+@dataclass(frozen=True)
+class Capped:
+    """The runs one concurrency cap counts: a workflow's, or those of one value of its
+    concurrency key (None: the field is missing, or the workflow has no key)."""
+
+    project_id: uuid.UUID
+    workflow: str
+    key: str | None
+    cap: int
+
+
 async def claim_capped(
-    conn: Conn,
-    project_id: uuid.UUID,
-    workflow: str,
-    cap: int,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
+    conn: Conn, capped: Capped, owner: str, lease_seconds: float, limit: int
 ) -> list[Record]:
-    """Lease up to ``limit`` of a capped workflow's due or held runs, oldest first, as far as
-    its cap has room; hold its other due runs when the cap is full. The count and the leases
-    are taken under the workflow's lock, so two orchestrators never both see the same room."""
+    """Lease up to ``limit`` of a capped workflow's due or held runs (of one key value), oldest
+    first, as far as its cap has room; hold its other due runs when the cap is full. The count
+    and the leases are taken under the cap's lock, so two orchestrators never both see the same
+    room."""
     async with conn.transaction():
-        await conn.execute(Q["lock_workflow"], project_id, workflow)
-        return list(
-            await conn.fetch(
-                Q["claim_capped"], project_id, workflow, cap, owner, lease_seconds, limit
-            )
-        )
+        await conn.execute(Q["lock_workflow"], capped.project_id, capped.workflow, capped.key)
+        args = (capped.workflow, capped.cap, owner, lease_seconds, limit, capped.key)
+        return list(await conn.fetch(Q["claim_capped"], capped.project_id, *args))
 
 
-async def release_held(conn: Conn, workflow: tuple[uuid.UUID, str, int] | None = None) -> int:
-    """Let held runs go as far as their workflows' caps have room (only ``workflow``'s, a
-    (project, name, cap), when given), each workflow under its lock; wake the dispatchers."""
-    todo = [workflow] if workflow else [tuple(r) for r in await conn.fetch(Q["held_workflows"])]
+async def release_held(conn: Conn, capped: Capped | None = None) -> int:
+    """Let held runs go as far as their caps have room (only ``capped``'s, when given), each
+    cap under its lock; wake the dispatchers."""
+    todo = (
+        [capped]
+        if capped
+        else [
+            Capped(r["project_id"], r["workflow"], r["concurrency_key"], r["cap"])
+            for r in await conn.fetch(Q["held_workflows"])
+        ]
+    )
     released = 0
-    for project_id, name, cap in todo:
+    for c in todo:
         async with conn.transaction():
-            await conn.execute(Q["lock_workflow"], project_id, name)
-            released += len(await conn.fetch(Q["release_held"], project_id, name, cap))
+            await conn.execute(Q["lock_workflow"], c.project_id, c.workflow, c.key)
+            released += len(
+                await conn.fetch(Q["release_held"], c.project_id, c.workflow, c.cap, c.key)
+            )
     if released:
         await conn.execute(Q["notify_wake"])
     return released

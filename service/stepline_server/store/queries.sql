@@ -71,7 +71,9 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- name: insert_run
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
--- the workflow is not registered or the id or the run key exists. When $13 (an orchestrator)
+-- the workflow is not registered or the id, the run key or an active run of its singleton key
+-- exists ($15: the event that started it; the input's concurrency and singleton key fields are
+-- read as the workflow's options name them). When $13 (an orchestrator)
 -- is given and the workflow has no concurrency cap, the run is created leased to it for $14
 -- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
 -- and the row carries what the invocation needs.
@@ -85,7 +87,7 @@ r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
-                      progress_at)
+                      progress_at, event_id, concurrency_key, singleton_key)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -99,7 +101,12 @@ r AS (
            CASE WHEN w.leased THEN $13::text END,
            CASE WHEN w.leased THEN gen_random_uuid() END,
            CASE WHEN w.leased THEN now() END,
-           CASE WHEN w.leased THEN now() END
+           CASE WHEN w.leased THEN now() END,
+           $15::uuid,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options ->> 'singletonKey') END
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -207,46 +214,53 @@ WHERE r.id = due.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          r.concurrency_key,
           greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
 -- name: due_capped_workflows
 -- The workflows with a concurrency cap that have runs due now (not held, not past their
--- deadline), with the cap their runs were started under.
-SELECT project_id, workflow, min((options ->> 'concurrency')::integer) AS cap
+-- deadline), by concurrency key value, with the cap their runs were started under.
+SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
 FROM runs
 WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL
   AND (deadline_at IS NULL OR deadline_at > now())
-GROUP BY project_id, workflow;
+GROUP BY project_id, workflow, concurrency_key;
 
 -- name: held_workflows
--- The workflows with held runs, with the cap their runs were started under.
-SELECT project_id, workflow, min((options ->> 'concurrency')::integer) AS cap
+-- The workflows with held runs, by concurrency key value, with the cap of their runs.
+SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
 FROM runs WHERE held
-GROUP BY project_id, workflow;
+GROUP BY project_id, workflow, concurrency_key;
 
 -- name: lock_workflow
--- Serialises claiming and releasing the runs of workflow $2 of project $1 until the
--- transaction ends, so two orchestrators never both see room under its cap. Namespace 2 of the
--- advisory locks.
-SELECT pg_advisory_xact_lock(2, hashtext($1::uuid::text || ':' || $2::text));
+-- Serialises claiming and releasing the runs of workflow $2 of project $1 with concurrency key
+-- value $3 until the transaction ends, so two orchestrators never both see room under its
+-- cap. Namespace 2 of the advisory locks.
+SELECT pg_advisory_xact_lock(
+    2, hashtext($1::uuid::text || ':' || $2::text || ':' || coalesce($3::text, '')));
 
 -- name: claim_capped
 -- With lock_workflow held: leases up to $6 of the due or held runs of workflow $2 (project
--- $1), oldest first, as far as its cap $3 has room beside its invocations in flight, to $4 for
--- $5 seconds (as claim_due leases). When that fills the cap, its other due runs are held
--- (ready_at at their deadline, no lease) until release_held lets them go.
+-- $1) with concurrency key value $7, oldest first, as far as its cap $3 has room beside its
+-- invocations in flight, to $4 for $5 seconds (as claim_due leases). When that fills the cap,
+-- its other due runs are held (ready_at at their deadline, no lease) until release_held lets
+-- them go.
 WITH busy AS (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
-    WHERE project_id = $1 AND workflow = $2 AND lease_token IS NOT NULL AND ready_at > now()
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+      AND lease_token IS NOT NULL AND ready_at > now()
 ),
 cand AS (
-    (SELECT id, created_at FROM runs WHERE project_id = $1 AND workflow = $2 AND held
+    (SELECT id, created_at FROM runs
+     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND held
      ORDER BY created_at, id LIMIT $6)
     UNION ALL
     (SELECT id, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
+       AND concurrency_key IS NOT DISTINCT FROM $7::text
      ORDER BY created_at, id LIMIT $6)
 ),
 go AS (
@@ -258,7 +272,9 @@ go AS (
 held_now AS (
     UPDATE runs h SET held = true, ready_at = h.deadline_at, lease_token = NULL,
                       lease_owner = NULL
-    WHERE h.project_id = $1 AND h.workflow = $2 AND h.ready_at <= now() AND NOT h.held
+    WHERE h.project_id = $1 AND h.workflow = $2
+      AND h.concurrency_key IS NOT DISTINCT FROM $7::text
+      AND h.ready_at <= now() AND NOT h.held
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
 )
@@ -278,20 +294,23 @@ WHERE r.id = go.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          0::double precision AS due_in,
+          r.concurrency_key, 0::double precision AS due_in,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
 -- name: release_held
--- With lock_workflow held: the oldest held runs of workflow $2 (project $1) become due again,
--- as far as its cap $3 has room beside its invocations in flight.
+-- With lock_workflow held: the oldest held runs of workflow $2 (project $1) with concurrency
+-- key value $4 become due again, as far as its cap $3 has room beside its invocations in flight.
 UPDATE runs r SET ready_at = now(), held = false
 WHERE r.id IN (
-    SELECT id FROM runs WHERE project_id = $1 AND workflow = $2 AND held
+    SELECT id FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
+      AND held
     ORDER BY created_at, id
     LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
-           WHERE project_id = $1 AND workflow = $2 AND lease_token IS NOT NULL
-             AND ready_at > now())
+           WHERE project_id = $1 AND workflow = $2
+             AND concurrency_key IS NOT DISTINCT FROM $4::text
+             AND lease_token IS NOT NULL AND ready_at > now())
 )
 RETURNING r.id;
 
@@ -798,17 +817,25 @@ DELETE FROM runs WHERE id IN (
 -- name: delete_old_events
 DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double precision);
 
--- name: send_event
--- Records event $1 (project $2, name $3, data $4) and completes every step waiting for it whose
--- match fields all equal the data's: each such run's history gets event.received and
--- step.completed for the step, and the run wakes (now, or right after its active invocation).
--- Answers the runs it woke.
-WITH ev AS (
-    -- Received when recorded (after lock_event_name), not when the transaction began.
-    INSERT INTO events (id, project_id, name, data, received_at)
-    VALUES ($1, $2, $3, $4, clock_timestamp())
-),
-m AS (
+-- name: insert_event
+-- Records event $1 (project $2, name $3, data $4, the sender's id $5 or NULL); no row when an
+-- event of that id exists (sent before, within the day events are kept).
+INSERT INTO events (id, project_id, name, data, key, received_at)
+VALUES ($1, $2, $3, $4, $5, clock_timestamp())
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: event_answer
+SELECT answer FROM events WHERE id = $1;
+
+-- name: set_event_answer
+UPDATE events SET answer = $2 WHERE id = $1;
+
+-- name: match_event
+-- Completes every step of project $2 waiting for event $3 whose match fields all equal the
+-- data's ($4; $1 the event): each such run's history gets event.received and step.completed,
+-- and the run wakes (now, or right after its active invocation). Answers the runs it woke.
+WITH m AS (
     UPDATE steps SET status = 'completed', output = $4, ended_at = now()
     WHERE project_id = $2 AND kind = 'event' AND status = 'waiting' AND event_name = $3
       -- Every match field equals the data's (data of any kind matches no match fields).
@@ -839,10 +866,21 @@ history AS (
     SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
            x.data
     FROM r JOIN numbered ON numbered.run_id = r.id,
-         (VALUES (0, 'event.received', jsonb_build_object('event', $3::text)),
+         (VALUES (0, 'event.received', jsonb_build_object('event', $3::text, 'eventId', $1::uuid::text)),
                  (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
 )
 SELECT id FROM r;
+
+-- name: event_workflows
+-- The workflows of project $1 that every event named $2 starts a run of.
+SELECT name FROM workflows WHERE project_id = $1 AND options ->> 'onEvent' = $2 ORDER BY name;
+
+-- name: active_singleton
+-- The run of workflow $2 (project $1) not ended whose singleton key is input $3's field $4.
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.workflow = $2 AND r.ended_at IS NULL
+  AND r.singleton_key = (CASE WHEN jsonb_typeof($3::jsonb) = 'object'
+                              THEN $3::jsonb ->> $4::text END);
 
 -- name: children_of
 SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling');

@@ -24,6 +24,7 @@ class NewRun:
     schedule_id: str | None = None
     scheduled_at: datetime | None = None
     trigger: str = "api"
+    event_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ async def insert(
         notify,
         lease.owner if lease else None,
         lease.seconds if lease else None,
+        run.event_id,
     )
 
 
@@ -69,6 +71,14 @@ async def append_events(conn: Conn, run_id: uuid.UUID, events: list[dict[str, An
     """Append events to a run's history, after its last one."""
     if events:
         await conn.execute(Q["append_events"], run_id, events)
+
+
+async def active_singleton(
+    conn: Conn, project_id: uuid.UUID, workflow: str, input: Any, field: str
+) -> Record | None:
+    """The run of ``workflow`` not ended whose singleton key field ``field`` has ``input``'s
+    value, if there is one."""
+    return await conn.fetchrow(Q["active_singleton"], project_id, workflow, input, field)
 
 
 async def by_key(conn: Conn, project_id: uuid.UUID, run_key: str) -> Record | None:

@@ -90,6 +90,9 @@ CREATE TABLE runs (
     held boolean NOT NULL DEFAULT false,
     progress_digest text,
     undelivered_since timestamptz,
+    event_id uuid,
+    concurrency_key text,
+    singleton_key text,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -101,6 +104,8 @@ COMMENT ON COLUMN runs.progress_seq IS 'The last progress call of the active inv
 COMMENT ON COLUMN runs.held IS 'Due, but its workflow''s concurrency was full: it waits (ready_at at its deadline) until an invocation of the workflow ends.';
 COMMENT ON COLUMN runs.progress_digest IS 'Digest of the body of the last progress call applied (progress_seq): the same call sent again is answered, a different one under that seq is refused as stale.';
 COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run of delivery failures happened (the app could not be invoked); NULL once an invocation was delivered. The delivery window counts from here.';
+COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
+COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
@@ -109,8 +114,10 @@ CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DES
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
 CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
-CREATE INDEX runs_leased ON runs (project_id, workflow) WHERE lease_token IS NOT NULL;
-CREATE INDEX runs_held ON runs (project_id, workflow, created_at) WHERE held;
+CREATE INDEX runs_leased ON runs (project_id, workflow, concurrency_key) WHERE lease_token IS NOT NULL;
+CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, created_at) WHERE held;
+CREATE UNIQUE INDEX runs_singleton ON runs (project_id, workflow, singleton_key)
+    WHERE singleton_key IS NOT NULL AND ended_at IS NULL;
 CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
 
 CREATE TABLE steps (
@@ -152,9 +159,13 @@ CREATE TABLE events (
     project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
     name text NOT NULL,
     data jsonb,
-    received_at timestamptz NOT NULL DEFAULT now()
+    received_at timestamptz NOT NULL DEFAULT now(),
+    key text,
+    answer jsonb
 );
 COMMENT ON TABLE events IS 'Events sent with POST /v1/events, kept a day so a wait recorded just after one arrived still sees it.';
+COMMENT ON COLUMN events.key IS 'The id the sender gave (the row''s id is derived from it), or NULL.';
+COMMENT ON COLUMN events.answer IS 'What sending it answered: a second send of the same id answers this.';
 CREATE INDEX events_recent ON events (project_id, name, received_at);
 
 CREATE TABLE run_events (

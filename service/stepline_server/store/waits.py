@@ -75,17 +75,69 @@ _CLAIM_COLUMNS = (
 )
 
 
+_NS = uuid.UUID("2b7f6f0e-77d4-4f4c-8d3b-6f1f7c2a9e15")
+
+
+def event_row_id(project_id: uuid.UUID, key: str | None) -> uuid.UUID:
+    """The stored id of an event: derived from the sender's id (so a second send of it is the
+    same row), else new."""
+    return uuid.uuid5(_NS, f"event:{project_id}:{key}") if key is not None else uuid.uuid4()
+
+
+def event_run_id(event_id: uuid.UUID, workflow: str) -> uuid.UUID:
+    """The id of the run an event starts of a workflow: derived, so it starts exactly once."""
+    return uuid.uuid5(_NS, f"event-run:{event_id}:{workflow}")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What sending an event did: the runs it resumed and those it started, and whether it was
+    a second send of an id (then nothing was done again: the first answer is repeated)."""
+
+    matched: list[uuid.UUID]
+    started: list[uuid.UUID]
+    repeated: bool = False
+
+
 async def send_event(
-    conn: Conn, event_id: uuid.UUID, project_id: uuid.UUID, name: str, data: Any
-) -> list[uuid.UUID]:
-    """Record the event and resume every run waiting for event ``name`` whose match fields all
-    equal ``data``'s; the runs resumed. Serialised with waits for the same event being recorded
-    (:func:`~stepline_server.store.dispatch.lock_event_name`), so an event and a wait
-    committed at once never miss each other."""
+    conn: Conn,
+    project_id: uuid.UUID,
+    name: str,
+    data: Any,
+    key: str | None = None,
+    *,
+    notify: bool = True,
+) -> tuple[uuid.UUID, Sent]:
+    """Record the event (of the sender's id ``key``, when given), resume every run waiting for
+    event ``name`` whose match fields all equal ``data``'s, and start a run of every workflow
+    declared ``on_event`` of it (its id derived from the event, so it starts once); answer the
+    stored event's id and what was done. A second send of one ``key`` does nothing again and
+    answers the first send's outcome. Serialised with waits for the same event being recorded
+    (:func:`~stepline_server.store.dispatch.lock_event_name`), so an event and a wait committed
+    at once never miss each other."""
+    event_id = event_row_id(project_id, key)
     async with conn.transaction():
         await dispatch.lock_event_name(conn, project_id, name)
-        rows = await conn.fetch(Q["send_event"], event_id, project_id, name, data)
-    return [row["id"] for row in rows]
+        if await conn.fetchval(Q["insert_event"], event_id, project_id, name, data, key) is None:
+            answer = await conn.fetchval(Q["event_answer"], event_id) or {}
+            return event_id, Sent(
+                [uuid.UUID(r) for r in answer.get("matched", [])],
+                [uuid.UUID(r) for r in answer.get("started", [])],
+                repeated=True,
+            )
+        rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data)
+        matched = [row["id"] for row in rows]
+        started: list[uuid.UUID] = []
+        for wf in await conn.fetch(Q["event_workflows"], project_id, name):
+            new = runs.NewRun(
+                event_run_id(event_id, wf["name"]), project_id, wf["name"], data,
+                trigger="event", event_id=event_id,
+            )  # fmt: skip
+            if await runs.insert(conn, new, notify=notify) is not None:
+                started.append(new.id)
+        answer = {"matched": [str(r) for r in matched], "started": [str(r) for r in started]}
+        await conn.execute(Q["set_event_answer"], event_id, answer)
+    return event_id, Sent(matched, started)
 
 
 async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
