@@ -300,9 +300,12 @@ class _Api(Generic[_D, _N, _I]):
         """A callback: ``pending``, ``completed`` or ``timedOut``, with its body."""
         return self._json(_Request("GET", _path("callbacks", callback_id)))
 
-    def send_event(self, name: str, data: Any = None) -> _D:
-        """Send an event to every run waiting for ``name`` whose match fields equal ``data``."""
-        return self._json(_Request("POST", _path("events"), body={"name": name, "data": data}))
+    def send_event(self, name: str, data: Any = None, *, id: str | None = None) -> _D:
+        """Send an event: every run waiting for ``name`` whose match fields equal ``data``
+        resumes, and every workflow declared ``on_event=name`` starts a run. With ``id``, a
+        second send of that id within a day does nothing again and answers the first."""
+        body = {"name": name, "data": data, **_compact(id=id)}
+        return self._json(_Request("POST", _path("events"), body=body))
 
     # schedules
 

@@ -73,10 +73,10 @@ async def test_an_event_sent_while_its_wait_commits_resumes_the_run(database_url
         async with first.transaction():
             assert await dispatch.apply_plan(first, item) is not None
             sending = asyncio.ensure_future(
-                waits.send_event(second, uuid.uuid4(), PROJECT, "order.paid", {"n": 1})
+                waits.send_event(second, PROJECT, "order.paid", {"n": 1})
             )
             assert await blocked_or_done(watcher, second.get_server_pid(), sending)
-        assert await sending == [item.run_id]
+        assert (await sending)[1].matched == [item.run_id]
         assert await step_status(watcher, item.run_id, "wait") == "completed"
     finally:
         await close_all(conns)
@@ -89,7 +89,8 @@ async def test_a_wait_recorded_while_its_event_commits_takes_the_event(database_
     try:
         item = event_wait(await leased_run(first), "order.paid")
         async with second.transaction():
-            assert await waits.send_event(second, uuid.uuid4(), PROJECT, "order.paid", 7) == []
+            _, sent = await waits.send_event(second, PROJECT, "order.paid", 7)
+            assert sent.matched == []
             recording = asyncio.ensure_future(dispatch.apply_plan(first, item))
             assert await blocked_or_done(watcher, first.get_server_pid(), recording)
         assert await recording is not None
