@@ -35,6 +35,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--latency-repeats", type=int, help=f"lone N-step runs, one at a time [{d.latency_repeats}]"
     )
+    p.add_argument(
+        "--keyed-runs", type=int, help=f"runs of `keyed` (limit 1 per key) [{d.keyed_runs}]"
+    )
+    p.add_argument("--keyed-keys", type=int, help=f"key values of `keyed` [{d.keyed_keys}]")
     p.add_argument("--fanout", type=int, help=f"parallel steps in the fanout run [{d.fanout}]")
     p.add_argument("--sleep-ms", type=int, help=f"sleep of each `sleep` run in ms [{d.sleep_ms}]")
     p.add_argument(
@@ -80,6 +84,8 @@ def config_from(args: argparse.Namespace) -> Config:
         "runs",
         "steps",
         "latency_repeats",
+        "keyed_runs",
+        "keyed_keys",
         "fanout",
         "sleep_ms",
         "long",

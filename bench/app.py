@@ -117,6 +117,14 @@ async def steps(ctx: stepline.Context, input: dict[str, Any]) -> int:
     return int(input["n"])
 
 
+@sl.workflow("keyed", concurrency=stepline.Concurrency(limit=1, key="key"))
+async def keyed(ctx: stepline.Context, input: dict[str, Any]) -> int:
+    """The ``steps`` workflow with one run at a time per value of ``key``."""
+    for i in range(int(input["n"])):
+        await ctx.step(f"s{i}", trivial, i)
+    return int(input["n"])
+
+
 @sl.workflow("long")
 async def long(ctx: stepline.Context, input: dict[str, Any]) -> int:
     for i in range(int(input["n"])):

@@ -25,7 +25,7 @@ import stepline
 from bench import procs, workloads
 from bench.procs import ROOT, Monitor, Service
 
-WORKLOADS = ("steps", "fanout", "sleep", "callback", "long", "idle")
+WORKLOADS = ("steps", "keyed", "fanout", "sleep", "callback", "long", "idle")
 
 
 @dataclass
@@ -39,6 +39,8 @@ class Config:
     fanout: int = 100
     sleep_ms: int = 1000
     long: list[int] = field(default_factory=lambda: [10, 100, 1000])
+    keyed_runs: int = 1000
+    keyed_keys: int = 100
     idle_runs: int = 10_000
     idle_window: float = 60.0
     timeout: float = 600.0
@@ -50,6 +52,8 @@ class Config:
 
 QUICK = {
     "runs": 20,
+    "keyed_runs": 100,
+    "keyed_keys": 10,
     "latency_repeats": 5,
     "fanout": 20,
     "long": [10, 100],
@@ -86,6 +90,8 @@ async def _workloads(bench: workloads.Bench, config: Config) -> list[workloads.R
     if "steps" in chosen:
         results += await workloads.steps(bench, config.runs, config.steps)
         results += await workloads.latency(bench, config.latency_repeats, config.steps)
+    if "keyed" in chosen:
+        results += await workloads.keyed(bench, config.keyed_runs, config.keyed_keys, config.steps)
     if "fanout" in chosen:
         results += await workloads.fanout(bench, config.fanout)
     if "sleep" in chosen:

@@ -257,6 +257,16 @@ async def steps(bench: Bench, runs: int, n: int) -> list[Result]:
     return [result]
 
 
+async def keyed(bench: Bench, runs: int, keys: int, n: int) -> list[Result]:
+    """``runs`` runs of ``n`` steps over ``keys`` concurrency key values, one run at a time
+    per value (``Concurrency(limit=1, key=...)``): beside ``steps``, what the per-key cap
+    costs."""
+    inputs = [{"n": n, "key": f"k{i % keys}"} for i in range(runs)]
+    extra = {"steps_per_run": n, "runs": runs, "keys": keys, "limit_per_key": 1}
+    result, _, _ = await _batch(bench, "keyed", "keyed", inputs, extra)
+    return [result]
+
+
 async def latency(bench: Bench, repeats: int, n: int) -> list[Result]:
     """One run of ``n`` steps at a time, ``repeats`` times: the latency of a lone run."""
     deadline = bench.deadline()

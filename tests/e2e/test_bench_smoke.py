@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {
     "steps",
     "steps-1",
+    "keyed",
     "fanout",
     "sleep",
     "callback",
@@ -37,6 +38,8 @@ def test_every_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -
         "--runs=5",
         "--steps=3",
         "--latency-repeats=2",
+        "--keyed-runs=8",
+        "--keyed-keys=2",
         "--fanout=5",
         "--sleep-ms=200",
         "--long=10,20",
