@@ -179,9 +179,18 @@ def error_info(exc: BaseException) -> protocol.ErrorInfo:
         code = exc.error.code
     elif isinstance(exc, CallbackTimeout):
         code = "callback_timeout"
-    message = str(exc) or repr(exc)
+    message = _storable(str(exc) or repr(exc))
     if len(message) > 4000:
         message = message[:4000] + "…"
     return protocol.ErrorInfo(
-        type=type(exc).__name__, message=message, code=code, traceback=format_traceback(exc)
+        type=type(exc).__name__,
+        message=message,
+        code=code,
+        traceback=_storable(format_traceback(exc)),
     )
+
+
+def _storable(text: str) -> str:
+    """``text`` with what cannot be stored (NUL, lone surrogates) replaced by U+FFFD."""
+    text = text.replace("\x00", "\ufffd")
+    return text.encode("utf-8", "replace").decode("utf-8")

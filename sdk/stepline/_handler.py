@@ -47,6 +47,7 @@ class Handler:
     """ASGI app answering the orchestrator's signed ``describe`` and ``invoke`` calls."""
 
     def __init__(self, stepline: Stepline) -> None:
+        self._replays = _signing.ReplayGuard()
         self.stepline = stepline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -91,6 +92,10 @@ class Handler:
             return 200, protocol.dump(self.stepline.describe())
         if kind != "invoke":
             raise _Reject(422, "validation_failed", f"unknown kind {kind!r}", {"fields": ["kind"]})
+        if not self._replays.first_time(body):
+            raise _Reject(
+                409, "replayed", "this invocation was already received; a replay runs nothing"
+            )
         try:
             request = protocol.InvokeRequest.model_validate(payload)
         except pydantic.ValidationError as exc:

@@ -57,6 +57,75 @@ def loads(data: bytes | str) -> Any:
 
 
 def round_trip(value: Any) -> tuple[Any, int]:
-    """Pass ``value`` through JSON so every replay sees the same thing; return it and its size."""
+    """Pass ``value`` through JSON so every replay sees the same thing; return it and its size.
+
+    ``ValueError`` when it is not JSON, or is JSON the orchestrator cannot store
+    (:func:`payload_problem`)."""
     data = dumps(value)
-    return loads(data), len(data)
+    decoded = loads(data)
+    problem = payload_problem(decoded)
+    if problem:
+        raise ValueError(problem)
+    return decoded, len(data)
+
+
+MAX_DEPTH = 64
+"""Inputs, outputs, step results, callback and event bodies nest at most this deep."""
+
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1
+"""Integers are kept exact within 64 bits; beyond, JSON tools disagree, so they are refused."""
+
+
+def payload_problem(value: Any) -> str | None:
+    """Why ``value`` (decoded JSON) cannot be stored and sent back unchanged, or None (see
+    :func:`payload_problem_at`)."""
+    found = payload_problem_at(value)
+    return found[1] if found else None
+
+
+def payload_problem_at(value: Any) -> tuple[str, str] | None:
+    """Where in ``value`` (decoded JSON; a dotted path, ``""`` for the value itself) and why it
+    cannot be stored and sent back unchanged, or None.
+
+    PostgreSQL refuses NUL characters in text and ``jsonb``, and lone surrogates are not
+    UTF-8; encoders refuse deep nesting (the invocation body nests a value a few levels deeper
+    than it came) and integers past 64 bits. Walked without recursion, so any depth is safe.
+    """
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, str):
+            problem = _text_problem(item)
+            if problem:
+                return path, problem
+        elif isinstance(item, bool) or item is None or isinstance(item, float):
+            continue
+        elif isinstance(item, int):
+            if not MIN_INT <= item <= MAX_INT:
+                return path, "integers must fit in 64 bits"
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                return path, f"JSON must not nest more than {MAX_DEPTH} levels deep"
+            if isinstance(item, dict):
+                for key in item:
+                    if isinstance(key, str) and (problem := _text_problem(key)):
+                        return path, problem
+                children = [
+                    (child, f"{path}.{key}" if path else str(key)) for key, child in item.items()
+                ]
+            else:
+                children = [
+                    (child, f"{path}.{n}" if path else str(n)) for n, child in enumerate(item)
+                ]
+            stack.extend((child, depth + 1, where) for child, where in children)
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "text must not contain NUL (\\u0000) characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text must be valid Unicode (no lone surrogates)"
+    return None

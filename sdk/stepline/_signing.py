@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from stepline._errors import SignatureError
 
-__all__ = ["SignatureError", "sign", "sign_all", "verify"]
+__all__ = ["ReplayGuard", "SignatureError", "sign", "sign_all", "verify"]
 
 DEFAULT_MAX_AGE = 300
 
@@ -45,13 +45,14 @@ def _parse(header: str) -> tuple[int, list[str]]:
         key, sep, value = part.strip().partition("=")
         if not sep:
             raise SignatureError("malformed header")
+        value = value.strip()
         if key == "t":
-            try:
-                timestamp = int(value)
-            except ValueError:
-                raise SignatureError("malformed timestamp") from None
-        elif key == "v1":
-            macs.append(value.strip().lower())
+            # Unix seconds: at most 12 digits, so no arithmetic on it can overflow.
+            if not (value.isascii() and value.isdigit() and len(value) <= 12):
+                raise SignatureError("malformed timestamp")
+            timestamp = int(value)
+        elif key == "v1" and value.isascii():
+            macs.append(value.lower())
     if timestamp is None:
         raise SignatureError("no timestamp")
     if not macs:
@@ -88,3 +89,28 @@ def verify(
     if not matched:
         raise SignatureError("no signature matches")
     return timestamp
+
+
+class ReplayGuard:
+    """Bodies already accepted within ``max_age`` seconds: the same signed body (a captured
+    invocation sent again) is refused. Kept in memory, per process."""
+
+    def __init__(self, max_age: int = DEFAULT_MAX_AGE, max_entries: int = 100_000) -> None:
+        self.max_age = max_age
+        self.max_entries = max_entries
+        self._seen: dict[bytes, float] = {}
+
+    def first_time(self, body: bytes, now: float | None = None) -> bool:
+        """True the first time ``body`` is seen within the window (and remember it)."""
+        current = time.monotonic() if now is None else now
+        if len(self._seen) >= self.max_entries:
+            self._seen = {k: t for k, t in self._seen.items() if t > current}
+            if len(self._seen) >= self.max_entries:
+                self._seen.pop(next(iter(self._seen)))
+        digest = hashlib.sha256(body).digest()
+        until = self._seen.get(digest)
+        if until is not None and until > current:
+            return False
+        # Twice the window: the signature's timestamp may be max_age either side of now.
+        self._seen[digest] = current + 2 * self.max_age
+        return True

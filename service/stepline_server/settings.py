@@ -37,6 +37,11 @@ class Settings:
     # Schedules.
     scheduler_poll_seconds: float = 1.0
     misfire_grace_seconds: float = 60.0
+    # The edge: failed authentications a client address may make in a minute before it is
+    # answered 429, and the networks (CIDRs) app URLs may point to (empty: every address but
+    # link-local ones).
+    auth_failure_limit: int = 20
+    app_networks: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -77,6 +82,10 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         ),
         misfire_grace_seconds=float(
             e.get("STEPLINE_MISFIRE_GRACE_SECONDS", s.misfire_grace_seconds)
+        ),
+        auth_failure_limit=int(e.get("STEPLINE_AUTH_FAILURE_LIMIT", s.auth_failure_limit)),
+        app_networks=tuple(
+            n.strip() for n in e.get("STEPLINE_APP_NETWORKS", "").split(",") if n.strip()
         ),
     )
 

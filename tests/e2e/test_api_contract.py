@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import httpx
@@ -162,13 +161,9 @@ async def test_api_keys_guard_every_route(database_url: str) -> None:
             assert "stepline_invocations_inflight" in (await http.get("/metrics")).text
         conn = await stack.conn()
         try:
-            await conn.execute(
-                "INSERT INTO projects (id, name) VALUES ('00000000-0000-4000-8000-000000000002',"
-                " 'other')"
-            )
-            other_key = await keys.create_key(
-                conn, "other", uuid.UUID("00000000-0000-4000-8000-000000000002")
-            )
+            other_project = await keys.create_project(conn, "other")
+            assert other_project is not None
+            other_key = await keys.create_key(conn, "other", other_project["id"])
         finally:
             await conn.close()
         async with stepline.AsyncClient(stack.url, api_key=other_key) as other:

@@ -11,9 +11,14 @@ from tests.support import orchestrator_stack
 
 
 async def test_bad_progress_calls_get_clear_json_errors(database_url: str) -> None:
+    """Each bad progress call gets its own code in the error shape; a token the orchestrator
+    made answers stale, a wrong one 401 before the body is read."""
     async with orchestrator_stack(database_url) as stack:
-        path = f"/v1/invocations/{uuid.uuid4()}/progress"
-        auth = {"authorization": "Bearer some-token"}
+        invocation = str(uuid.uuid4())
+        path = f"/v1/invocations/{invocation}/progress"
+        token = stack.orchestrator.signer.invocation_token(invocation, str(uuid.uuid4()))
+        auth = {"authorization": f"Bearer {token}"}
+        wrong = {"authorization": "Bearer some-token"}
         good = {"runId": str(uuid.uuid4()), "updates": []}
         async with httpx.AsyncClient(base_url=stack.url) as http:
             cases = [
@@ -31,6 +36,11 @@ async def test_bad_progress_calls_get_clear_json_errors(database_url: str) -> No
                 (await http.post(path, content=b" " * (16 * 1024 * 1024 + 1), headers=auth), 413,
                  "payload_too_large"),
                 (await http.get(path, headers=auth), 405, "method_not_allowed"),
+                (await http.post(path, json=good, headers=wrong), 401, "unauthorized"),
+                (await http.post(path, content=b" " * (15 * 1024 * 1024), headers=wrong), 401,
+                 "unauthorized"),
+                (await http.post(f"/v1/invocations/{uuid.uuid4()}/progress", json=good,
+                                 headers=auth), 401, "unauthorized"),
             ]  # fmt: skip
             for answer, status, code in cases:
                 assert answer.status_code == status, answer.text

@@ -70,14 +70,22 @@ async def test_stale_invocation_writes_are_refused(database_url: str) -> None:
         run = await stack.client.start_run("one", None)
         await stack.client.wait_run(run["id"], timeout=20)
         body = {"runId": run["id"], "updates": [{"name": "y", "kind": "run", "action": "start"}]}
+        invocation = str(uuid.uuid4())
+        stale = stack.orchestrator.signer.invocation_token(invocation, "not-the-lease")
         async with httpx.AsyncClient(base_url=stack.url) as http:
             answer = await http.post(
-                f"/v1/invocations/{uuid.uuid4()}/progress",
+                f"/v1/invocations/{invocation}/progress",
                 json=body,
-                headers={"authorization": "Bearer not-the-token"},
+                headers={"authorization": f"Bearer {stale}"},
             )
             assert answer.status_code == 409
             assert answer.json()["error"]["code"] == "stale_invocation"
+            forged = await http.post(
+                f"/v1/invocations/{invocation}/progress",
+                json=body,
+                headers={"authorization": "Bearer not-a-token-it-made"},
+            )
+            assert forged.status_code == 401
             unsigned = await http.post(f"/v1/invocations/{uuid.uuid4()}/progress", json=body)
             assert unsigned.status_code == 401
         final = await stack.client.get_run(run["id"])

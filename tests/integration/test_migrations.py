@@ -189,7 +189,9 @@ async def test_concurrent_apply_migrations_apply_each_file_once(admin_dsn: str) 
         finally:
             await first.close()
             await second.close()
-    assert sorted(results, key=len) == [[], [p.stem for p in migrate.migration_files()]]
+    # Each file is its own transaction, so the two may share the files: each exactly once.
+    applied = sorted(results[0] + results[1])
+    assert applied == [p.stem for p in migrate.migration_files()]
 
 
 @pytest.fixture

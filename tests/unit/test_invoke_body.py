@@ -55,7 +55,7 @@ def through_models(run: dict[str, Any], steps: list[dict[str, Any]], attempt: in
         workflow=run["workflow"],
         input=run["input"],
         invocationId=str(run["invocation_id"]),
-        token=run["lease_token"],
+        token=SIGNER.invocation_token(str(run["invocation_id"]), run["lease_token"]),
         apiUrl=API,
         attempt=attempt,
         cancelRequested=run["cancel_requested"],

@@ -218,3 +218,43 @@ async def test_lifespan_is_acknowledged() -> None:
 
     await sl.asgi()({"type": "lifespan"}, receive, send)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [f"t={'9' * 400},v1=00", "t=1,v1=\u00e9\u00e9", f"t={int(time.time())},v1=\u00e9"],
+    ids=["400-digit-t", "non-ascii-stale", "non-ascii-v1"],
+)
+async def test_odd_signature_headers_answer_401_not_500(signature: str) -> None:
+    """A 400-digit timestamp or a non-ASCII signature is 401 unauthorized, never a crash."""
+    sl, ran = make_app()
+    transport = httpx.ASGITransport(app=sl.asgi())
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        headers = {"Stepline-Signature": signature.encode()}
+        response = await client.post("/", content=invoke_body(), headers=headers)
+    assert response.status_code == 401, response.text
+    assert ran == []
+
+
+async def test_replayed_invocation_runs_nothing() -> None:
+    """The same signed invocation body sent twice within the window runs the workflow once."""
+    sl, ran = make_app(FakeOrchestrator())
+    transport = httpx.ASGITransport(app=sl.asgi())
+    body = invoke_body()
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        first = await client.post(
+            "/", content=body, headers={"Stepline-Signature": sign(body, SECRET)}
+        )
+        again = await client.post(
+            "/",
+            content=body,
+            headers={"Stepline-Signature": sign(body, SECRET, int(time.time()) - 5)},
+        )
+        other = body.replace(b'"i1"', b'"i2"')
+        forged = await client.post(
+            "/", content=other, headers={"Stepline-Signature": sign(body, SECRET)}
+        )
+    assert first.status_code == 200, first.text
+    assert again.status_code == 409 and again.json()["error"]["code"] == "replayed"
+    assert forged.status_code == 401  # a signature over another body
+    assert ran == ["workflow"]

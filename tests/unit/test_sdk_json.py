@@ -87,10 +87,22 @@ def test_nan_and_infinity_are_refused(with_orjson: dict[str, list[str]]) -> None
 
 
 def test_integers_of_any_size_keep_their_value(with_orjson: dict[str, list[str]]) -> None:
-    """Integers past 64 bits are written exactly and read back equal."""
+    """Integers past 64 bits are written exactly and read back equal, but a result holding one
+    is refused (the orchestrator could not keep it exact), as are NUL and deep nesting."""
     assert with_orjson["big"] == ["ok", str(2**70)]
     assert with_orjson["negative big"] == ["ok", str(-(2**64) - 1)]
-    assert _json.round_trip(2**70)[0] == 2**70
+    assert _json.round_trip(2**64 - 1)[0] == 2**64 - 1
+    for bad in (2**70, {"a": "\x00"}, {"\x00": 1}, _nested(65)):
+        with pytest.raises(ValueError):
+            _json.round_trip(bad)
+    assert _json.round_trip(_nested(63))[1] > 0
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def test_other_types_are_refused_with_their_name(with_orjson: dict[str, list[str]]) -> None:

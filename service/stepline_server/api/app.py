@@ -14,6 +14,7 @@ from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
+from stepline_server.api import routes_tenancy as tenancy
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
 from stepline_server.api.errors import (
@@ -38,6 +39,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}", apps.update_app, methods=["PATCH"]),
     Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
+    Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
     Route("/v1/workflows", apps.list_workflows, methods=["GET"]),
     Route("/v1/runs", runs.start_run, methods=["POST"]),
     Route("/v1/runs", runs.list_runs, methods=["GET"]),
@@ -59,6 +61,12 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/schedules/{scheduleId}/pause", schedules.pause_schedule, methods=["POST"]),
     Route("/v1/schedules/{scheduleId}/resume", schedules.resume_schedule, methods=["POST"]),
     Route("/v1/schedules/{scheduleId}/trigger", schedules.trigger_schedule, methods=["POST"]),
+    Route("/v1/projects", tenancy.list_projects, methods=["GET"]),
+    Route("/v1/environments", tenancy.list_environments, methods=["GET"]),
+    Route("/v1/environments", tenancy.create_environment, methods=["POST"]),
+    Route("/v1/keys", tenancy.list_keys, methods=["GET"]),
+    Route("/v1/keys", tenancy.create_key, methods=["POST"]),
+    Route("/v1/keys/{keyId}", tenancy.revoke_key, methods=["DELETE"]),
 ]
 
 
@@ -79,7 +87,7 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await orchestrator.start()
         app.state.orchestrator = orchestrator
-        app.state.keys = KeyCache(orchestrator.pool)
+        app.state.keys = KeyCache(orchestrator.pool, orchestrator.settings.auth_failure_limit)
         try:
             yield
         finally:
@@ -94,4 +102,7 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
             Exception: handle_unexpected,
         },
     )
+    # A path with a trailing slash is not found rather than redirected: an empty signature
+    # (``/v1/callbacks/{id}/``) must not be sent on to the API-key route.
+    app.router.redirect_slashes = False
     return ProgressFastPath(app, app.state)

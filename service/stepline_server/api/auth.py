@@ -1,41 +1,170 @@
-"""API keys: ``Authorization: Bearer <key>`` resolved to a project, cached briefly."""
+"""API keys and roles: ``Authorization: Bearer <key>`` resolved to the caller's key context.
+
+The API other parts of the orchestrator (routes, the dashboard, the operator CLI's server
+side) use::
+
+    ctx = await auth.caller(request)        # KeyContext, or 401 unauthorized / 429 rate_limited
+    ctx.environment_id                      # the scope of every query (a key sees one environment)
+    ctx.project_id, ctx.project, ctx.environment, ctx.role, ctx.key_id
+    auth.require_role(ctx, "admin")         # 403 forbidden unless the role allows it
+    ctx = await auth.require_write(request) # caller() + 403 for a read key
+
+Roles (``ROLE_RANK``): ``admin`` (everything, including keys and environments) > ``write``
+(everything but keys) > ``read`` (``GET`` only). :func:`stepline_server.api.context.project`
+checks the method for every route: a request other than ``GET``/``HEAD`` needs ``write``.
+
+A key is looked up at most every ``_TTL`` seconds per orchestrator, so a key revoked on any
+orchestrator is refused on every other one within a second. Failed authentications are counted
+per client address (:class:`FailureThrottle`); past the limit every request from that address
+that needs a key is ``429 rate_limited`` with ``Retry-After``, whatever the key.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from stepline_server.api.errors import Unauthorized
+from stepline_server.api.errors import Forbidden, RateLimited, Unauthorized
+from stepline_server.engine import access
 from stepline_server.store import keys
 from stepline_server.store.db import Pool
 
-_TTL = 30.0
+_TTL = 0.5
+_MAX_KEY = 512
+
+ROLE_RANK = access.ROLE_RANK
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """Who is calling: the key, its role and the environment (and project) it sees."""
+
+    key_id: uuid.UUID
+    name: str
+    role: str
+    environment_id: uuid.UUID
+    environment: str
+    project_id: uuid.UUID
+    project: str
+
+
+class FailureThrottle:
+    """Failed authentications per client address in a sliding minute."""
+
+    def __init__(self, limit: int, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._failures: dict[str, deque[float]] = {}
+
+    def _recent(self, client: str, now: float) -> deque[float]:
+        seen = self._failures.get(client)
+        if seen is None:
+            return deque()
+        while seen and seen[0] <= now - self.window:
+            seen.popleft()
+        if not seen:
+            del self._failures[client]
+        return seen
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until ``client`` may try again, or None when it is not throttled."""
+        now = time.monotonic()
+        seen = self._recent(client, now)
+        if len(seen) < self.limit:
+            return None
+        return max(1, math.ceil(seen[-self.limit] + self.window - now))
+
+    def failed(self, client: str) -> None:
+        if len(self._failures) > 100_000:
+            self._failures.clear()
+        self._failures.setdefault(client, deque()).append(time.monotonic())
 
 
 class KeyCache:
-    """Known keys for ``_TTL`` seconds, so a request costs no lookup most of the time."""
+    """Known keys for ``_TTL`` seconds, so a burst of requests costs one lookup."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, failure_limit: int = 20) -> None:
         self._pool = pool
-        self._known: dict[str, tuple[uuid.UUID, float]] = {}
+        self._known: dict[str, tuple[KeyContext, float]] = {}
+        self.throttle = FailureThrottle(failure_limit)
 
-    async def project(self, request: Request) -> uuid.UUID:
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop a revoked key from this orchestrator's cache at once."""
+        self._known = {k: v for k, v in self._known.items() if v[0].key_id != key_id}
+
+    async def context(self, request: Request) -> KeyContext:
+        client = request.client.host if request.client else ""
+        wait = self.throttle.retry_after(client)
+        if wait is not None:
+            raise RateLimited(
+                "too many failed authentications from this address; try again later",
+                {"retryAfter": wait},
+                retry_after=wait,
+            )
+        try:
+            return await self._lookup(request)
+        except Unauthorized:
+            self.throttle.failed(client)
+            raise
+
+    async def _lookup(self, request: Request) -> KeyContext:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
         key = key.strip()
-        hit = self._known.get(key)
+        if scheme.lower() != "bearer" or not key:
+            raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
+        if len(key) > _MAX_KEY or not key.isascii() or not key.isprintable():
+            raise Unauthorized("the API key is not valid")
         now = time.monotonic()
+        hit = self._known.get(key)
         if hit and hit[1] > now:
             return hit[0]
         async with self._pool.acquire() as conn:
-            project = await keys.project_of_key(conn, key)
-        if project is None:
+            row = await keys.find_key(conn, key)
+        if row is None:
+            self._known.pop(key, None)
             raise Unauthorized("the API key is not valid")
+        ctx = KeyContext(
+            key_id=row["id"],
+            name=row["name"],
+            role=row["role"],
+            environment_id=row["environment_id"],
+            environment=row["environment"],
+            project_id=row["project_id"],
+            project=row["project"],
+        )
         if len(self._known) > 10_000:
             self._known.clear()
-        self._known[key] = (project, now + _TTL)
-        return project
+        self._known[key] = (ctx, now + _TTL)
+        return ctx
+
+
+async def caller(request: Request) -> KeyContext:
+    """The caller's key context; 401 without a valid key, 429 when the address is throttled."""
+    cache: KeyCache = request.app.state.keys
+    return await cache.context(request)
+
+
+def require_role(ctx: KeyContext, role: str) -> KeyContext:
+    """``ctx`` when its role is ``role`` or above; else 403 forbidden."""
+    if not access.allows(ctx.role, role):
+        raise Forbidden(
+            f"a {ctx.role} key cannot do this; it needs a {role} key",
+            {"role": ctx.role, "needed": role},
+        )
+    return ctx
+
+
+async def require_write(request: Request) -> KeyContext:
+    """The caller's key context when it may change things (``write`` or ``admin``)."""
+    return require_role(await caller(request), "write")
+
+
+async def require_admin(request: Request) -> KeyContext:
+    """The caller's key context when it is an ``admin`` key."""
+    return require_role(await caller(request), "admin")

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from stepline_server.api.errors import NotFound
+from stepline_server.engine import access
 
 if TYPE_CHECKING:
-    from stepline_server.api.auth import KeyCache
     from stepline_server.orchestrator import Orchestrator
 
 
@@ -19,9 +19,13 @@ def orch(request: Request) -> Orchestrator:
 
 
 async def project(request: Request) -> uuid.UUID:
-    """The caller's project, from its API key."""
-    keys: KeyCache = request.app.state.keys
-    return await keys.project(request)
+    """The scope of the caller's queries (its key's environment), once its role allows the
+    request's method: ``GET`` for any key, anything else for ``write`` and ``admin`` keys
+    (``403 forbidden`` otherwise, before the body is read)."""
+    from stepline_server.api import auth
+
+    ctx = auth.require_role(await auth.caller(request), access.needed_for(request.method))
+    return ctx.environment_id
 
 
 def path_uuid(request: Request, name: str, what: str) -> uuid.UUID:

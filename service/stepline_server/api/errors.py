@@ -5,10 +5,12 @@ ApiError                      code, status, message, details
  ├── ValidationFailed         422 validation_failed (details name the fields)
  ├── PayloadTooLarge          413 payload_too_large
  ├── Unauthorized             401 unauthorized
+ ├── Forbidden                403 forbidden (the key's role does not allow it)
  ├── NotFound                 404 not_found
  ├── RunKeyConflict           409 run_key_conflict
  ├── InvalidState             409 invalid_state
  ├── StaleInvocation          409 stale_invocation
+ ├── RateLimited              429 rate_limited (with a Retry-After header)
  ├── AppUnreachable           502 app_unreachable
  └── Unavailable              503 unavailable (the database is away; Retry-After)
 """
@@ -58,6 +60,24 @@ class Unauthorized(ApiError):
     code, status, default = "unauthorized", 401, "a valid API key is required"
 
 
+class Forbidden(ApiError):
+    code, status, default = "forbidden", 403, "the API key's role does not allow this"
+
+
+class RateLimited(ApiError):
+    code, status, default = "rate_limited", 429, "too many requests; try again later"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        details: dict[str, Any] | None = None,
+        *,
+        retry_after: int = 60,
+    ) -> None:
+        super().__init__(message, details)
+        self.retry_after = retry_after
+
+
 class NotFound(ApiError):
     code, status, default = "not_found", 404, "not found"
 
@@ -93,8 +113,17 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"error": body}
 
 
+def error_headers(exc: ApiError) -> dict[str, str]:
+    """Headers an error answer carries (``Retry-After`` for a 429)."""
+    if isinstance(exc, RateLimited):
+        return {"retry-after": str(exc.retry_after)}
+    return {}
+
+
 def error_response(exc: ApiError) -> Response:
-    return json_response(error_body(exc), exc.status)
+    response = json_response(error_body(exc), exc.status)
+    response.headers.update(error_headers(exc))
+    return response
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
@@ -120,12 +149,20 @@ class Unavailable(ApiError):
     code, status, default = "unavailable", 503, "the database is not reachable; try again shortly"
 
 
+def route_of(scope: Any) -> str:
+    """The route's template (``/v1/callbacks/{callbackId}/{signature}``), never the path
+    itself: a signed callback URL must not be written to the logs."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "(unrouted)"
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     if db.is_transient(exc):
         # The database went away (a restart): nothing was done; the caller may try again.
-        log.warning("request_unavailable", path=request.url.path, error=str(exc))
+        log.warning("request_unavailable", route=route_of(request.scope), error=str(exc))
         response = error_response(Unavailable())
         response.headers["Retry-After"] = "1"
         return response
-    log.exception("request_failed", path=request.url.path)
+    log.exception("request_failed", route=route_of(request.scope), method=request.method)
     return error_response(ApiError())

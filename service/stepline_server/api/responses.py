@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, TypeVar
 
 import orjson
@@ -9,7 +11,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline import _json
+
 MAX_BODY = 1024 * 1024
+# A run of 20 digits may be an integer past 64 bits: such a body is parsed again exactly.
+_LONG_NUMBER = re.compile(rb"\d{20}")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -19,7 +25,9 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: bool = False) -> Any:
-    """The request's JSON body; 413 past ``limit`` bytes, 400 when it is not JSON."""
+    """The request's JSON body; 413 past ``limit`` bytes, 400 when it is not JSON, 422 when it
+    cannot be stored as sent (:func:`stepline._json.payload_problem`: NUL characters, nesting
+    past 64 levels, integers past 64 bits)."""
     from stepline_server.api import errors
 
     declared = request.headers.get("content-length")
@@ -38,9 +46,20 @@ async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: boo
             return None
         raise errors.InvalidJson("the request body is empty; send a JSON object")
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = orjson.loads(raw)
+        if _LONG_NUMBER.search(raw):  # orjson turns integers past 64 bits into floats
+            data = json.loads(raw)
+    except (orjson.JSONDecodeError, ValueError) as exc:
         raise errors.InvalidJson(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        data = [[]] * (_json.MAX_DEPTH + 1)  # refused just below
+    found = _json.payload_problem_at(data)
+    if found:
+        where, problem = found
+        raise errors.ValidationFailed(
+            f"the request body cannot be stored: {problem}", {"fields": {where or "body": problem}}
+        )
+    return data
 
 
 async def read_model(

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.protocol import DescribeResponse
-from stepline_server.api import pagination, serialize
+from stepline_server.api import auth, pagination, serialize
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import AppUnreachable, InvalidState, NotFound, from_validation
 from stepline_server.api.responses import json_response, read_model
@@ -94,8 +94,11 @@ class AppUpdate(BaseModel):
     url: AppUrl | None = None
 
 
-async def _app(request: Request) -> Record:
-    pid = await project(request)
+async def _app(request: Request, *, role: str | None = None) -> Record:
+    if role is None:
+        pid = await project(request)
+    else:
+        pid = auth.require_role(await auth.caller(request), role).environment_id
     async with orch(request).pool.acquire() as conn:
         row = await apps.get(conn, pid, request.path_params["app"])
     if row is None:
@@ -151,6 +154,16 @@ async def delete_app(request: Request) -> Response:
     async with orch(request).pool.acquire() as conn:
         await apps.delete(conn, row["project_id"], row["id"])
     return Response(status_code=204)
+
+
+async def rotate_secret(request: Request) -> Response:
+    """A new signing secret (admin): invocations are signed with it from now on."""
+    row = await _app(request, role="admin")
+    async with orch(request).pool.acquire() as conn:
+        rotated = await apps.rotate_secret(conn, row["project_id"], row["id"])
+    if rotated is None:
+        raise NotFound(f"no app {request.path_params['app']!r}")
+    return json_response(serialize.app(rotated, secret=True))
 
 
 async def sync_app(request: Request) -> Response:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline import _json
 from stepline.protocol import ProgressRequest
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
@@ -49,10 +50,11 @@ MAX_RESULT_BYTES = 1024 * 1024
 DATABASE_PATIENCE_SECONDS = 10.0
 
 
-async def commit_progress(
-    o: Orchestrator, invocation: str, authorization: str, raw: bytes
-) -> dict[str, Any]:
-    """Commit a progress call (``raw``, its body) for the invocation holding the run."""
+def authorize(o: Orchestrator, invocation: str, authorization: str) -> tuple[uuid.UUID, str]:
+    """The invocation's id and lease from the path and the bearer token, checked before the
+    body is read. A token this orchestrator did not make for that invocation is
+    ``401 unauthorized``; a token it made, for an invocation that no longer owns the run, is
+    refused later as ``409 stale_invocation`` (the SDK stops running the workflow on it)."""
     try:
         invocation_id = uuid.UUID(invocation)
     except ValueError:
@@ -60,6 +62,16 @@ async def commit_progress(
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send the invocation's token as 'Authorization: Bearer <token>'")
+    lease = o.signer.lease_of(str(invocation_id), token.strip())
+    if lease is None:
+        raise Unauthorized("the token is not this invocation's")
+    return invocation_id, lease
+
+
+async def commit_progress(
+    o: Orchestrator, invocation_id: uuid.UUID, lease: str, raw: bytes
+) -> dict[str, Any]:
+    """Commit a progress call (``raw``, its body) for the invocation holding the run."""
     if not raw.strip():
         raise InvalidJson("the request body is empty; send a JSON object")
     try:
@@ -73,15 +85,14 @@ async def commit_progress(
         raise from_validation(exc) from None
     if len(raw) > MAX_RESULT_BYTES:
         _check_result_sizes(call)  # a small body cannot hold a large result
+    _check_storable(call)
     try:
         run_id = uuid.UUID(call.run_id)
         plan = plan_updates(call.run_id, call.updates)
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-    item = dispatch.Progress(
-        run_id, token.strip(), invocation_id, plan, seq=call.seq, digest=digest
-    )
+    item = dispatch.Progress(run_id, lease, invocation_id, plan, seq=call.seq, digest=digest)
     done = await _apply(o, item)
     if done is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
@@ -107,6 +118,19 @@ async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed
             await pause.wait()
 
 
+def _check_storable(call: ProgressRequest) -> None:
+    """Refuse (422, nothing committed) an update PostgreSQL cannot store or the invocation
+    body could not carry back: NUL characters, deep nesting, integers past 64 bits."""
+    for update in call.updates:
+        problem = _json.payload_problem(update.output) or _json.payload_problem(
+            update.model_dump(mode="python", exclude={"output"})
+        )
+        if problem:
+            raise ValidationFailed(
+                f"step {update.name!r} cannot be stored: {problem}", {"step": update.name}
+            )
+
+
 def _check_result_sizes(call: ProgressRequest) -> None:
     """Refuse a step result over the 1 MiB limit (the SDK checks it too)."""
     for update in call.updates:
@@ -117,10 +141,11 @@ def _check_result_sizes(call: ProgressRequest) -> None:
 
 
 async def progress(request: Request) -> Response:
-    raw = await _read_body(request.receive, request.headers.get("content-length"))
-    invocation = request.path_params["invocationId"]
+    o = orch(request)
     authorization = request.headers.get("authorization", "")
-    return json_response(await commit_progress(orch(request), invocation, authorization, raw))
+    invocation_id, lease = authorize(o, request.path_params["invocationId"], authorization)
+    raw = await _read_body(request.receive, request.headers.get("content-length"))
+    return json_response(await commit_progress(o, invocation_id, lease, raw))
 
 
 class ProgressFastPath:
@@ -143,13 +168,15 @@ class ProgressFastPath:
         status = 200
         headers = dict(scope["headers"])
         try:
-            raw = await _read_body(receive, headers.get(b"content-length", b"").decode())
+            o = self.state.orchestrator
             authorization = headers.get(b"authorization", b"").decode("latin-1")
-            answer = await commit_progress(self.state.orchestrator, invocation, authorization, raw)
+            invocation_id, lease = authorize(o, invocation, authorization)
+            raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"))
+            answer = await commit_progress(o, invocation_id, lease, raw)
         except ApiError as exc:
             status, answer = exc.status, error_body(exc)
         except Exception:
-            log.exception("request_failed", path=scope["path"])
+            log.exception("request_failed", route="/v1/invocations/{invocationId}/progress")
             status, answer = 500, error_body(ApiError())
         content = orjson.dumps(answer)
         await send(

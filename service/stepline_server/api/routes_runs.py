@@ -241,7 +241,7 @@ async def list_events(request: Request) -> Response:
     limit = pagination.limit_of(request)
     raw_after = request.query_params.get("after", "0")
     cursor = pagination.decode(request, pagination.as_seq)
-    if not raw_after.isdigit():
+    if not (raw_after.isascii() and raw_after.isdigit() and int(raw_after) < 2**63):
         raise ValidationFailed("after must be a sequence number", {"fields": {"after": raw_after}})
     after = int(cursor[0]) if cursor else int(raw_after)
     async with orch(request).pool.acquire() as conn:

@@ -24,6 +24,9 @@ from stepline_server.store.db import Conn, Record
 _ID = re.compile(r"^wfs_[A-Za-z0-9]+$")
 
 
+_MAX_INT32 = 2**31 - 1  # disable_after is an integer column
+
+
 class ScheduleCreate(BaseModel):
     workflow: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     cron: str
@@ -31,7 +34,9 @@ class ScheduleCreate(BaseModel):
     input: Any = None
     overlap: rules.OverlapPolicy = rules.OverlapPolicy.ALLOW
     misfire: rules.MisfirePolicy = rules.MisfirePolicy.FIRE_ONCE
-    disable_after: int = Field(default=rules.DEFAULT_DISABLE_AFTER, ge=0, alias="disableAfter")
+    disable_after: int = Field(
+        default=rules.DEFAULT_DISABLE_AFTER, ge=0, le=_MAX_INT32, alias="disableAfter"
+    )
 
 
 class ScheduleUpdate(BaseModel):
@@ -40,7 +45,7 @@ class ScheduleUpdate(BaseModel):
     input: Any = None
     overlap: rules.OverlapPolicy | None = None
     misfire: rules.MisfirePolicy | None = None
-    disable_after: int | None = Field(default=None, ge=0, alias="disableAfter")
+    disable_after: int | None = Field(default=None, ge=0, le=_MAX_INT32, alias="disableAfter")
 
 
 _CAMEL = {"disable_after": "disableAfter"}

@@ -147,3 +147,23 @@ def schedule(row: Record) -> dict[str, Any]:
         "createdAt": ts(row["created_at"]),
         "updatedAt": ts(row["updated_at"]),
     }
+
+
+def project(row: Record) -> dict[str, Any]:
+    return {"id": str(row["id"]), "name": row["name"], "createdAt": ts(row["created_at"])}
+
+
+def environment(row: Record) -> dict[str, Any]:
+    return {"id": str(row["id"]), "name": row["name"], "createdAt": ts(row["created_at"])}
+
+
+def key(row: Record, environment: str) -> dict[str, Any]:
+    """An API key as listed: never the key itself (only its first characters)."""
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "role": row["role"],
+        "environment": environment,
+        "prefix": row["prefix"],
+        "createdAt": ts(row["created_at"]),
+    }

@@ -1,4 +1,4 @@
-"""The ``stepline`` command: serve, dev, migrate and keys."""
+"""The ``stepline`` command: serve, dev, migrate, projects, environments and keys."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from stepline_server import logs
+from stepline_server.cli import tenancy
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
@@ -67,19 +68,6 @@ async def _migrate(settings: Settings) -> None:
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
 
 
-async def _create_key(settings: Settings, name: str) -> None:
-    async with database(settings) as (dsn, _):
-        conn = await db.connect(dsn)
-        try:
-            await apply_migrations(conn)
-            await keys.bootstrap(conn)
-            key = await keys.create_key(conn, name)
-        finally:
-            await conn.close()
-    print(f"API key {name!r} for the default project (shown once):")
-    print(key)
-
-
 def _run(coro: object) -> None:
     try:
         import uvloop
@@ -111,10 +99,7 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--app-port", type=int, default=8401, help="example app port [8401]")
     dev.add_argument("--once", action="store_true", help="exit after the demo run ends")
     sub.add_parser("migrate", help="apply database migrations and exit")
-    keys_cmd = sub.add_parser("keys", help="API keys")
-    keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="make an API key for the default project")
-    create.add_argument("--name", default="cli", help="a name to remember the key by")
+    tenancy.add_commands(sub)
     return p
 
 
@@ -133,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             _run(_serve(settings))
         elif args.command == "migrate":
             _run(_migrate(settings))
-        elif args.command == "keys":
-            _run(_create_key(settings, args.name))
+        elif args.command in ("projects", "environments", "keys"):
+            try:
+                _run(tenancy.run(settings, args))
+            except tenancy.UsageError as exc:
+                print(f"stepline: {exc}", file=sys.stderr)
+                return 1
         elif args.command == "dev":
             from stepline_server.cli import dev
 

@@ -28,7 +28,7 @@ def invoke_body(
         "workflow": run["workflow"],
         "input": run["input"],
         "invocationId": str(run["invocation_id"]),
-        "token": run["lease_token"],
+        "token": signer.invocation_token(str(run["invocation_id"]), run["lease_token"]),
         "apiUrl": api_url,
         "attempt": attempt,
         "cancelRequested": run["cancel_requested"],

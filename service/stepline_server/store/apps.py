@@ -27,10 +27,20 @@ async def create(
     conn: Conn, project_id: uuid.UUID, name: str, url: str, secret: str | None = None
 ) -> Record | None:
     """Register an app; None when the project already has one with that name."""
-    signing = secret or "whsec_" + secrets.token_urlsafe(32)
+    signing = secret or new_secret()
     return await conn.fetchrow(
         Q["insert_app"], uuid.uuid4(), project_id, new_slug(), name, url, [signing]
     )
+
+
+def new_secret() -> str:
+    """A fresh signing secret for an app."""
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+async def rotate_secret(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> Record | None:
+    """Give the app a new signing secret (it signs from now on); None when there is no app."""
+    return await conn.fetchrow(Q["rotate_app_secret"], project_id, app_id, new_secret())
 
 
 async def get(conn: Conn, project_id: uuid.UUID, id_or_slug: str) -> Record | None:

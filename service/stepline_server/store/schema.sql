@@ -1,5 +1,8 @@
 -- The current truth of Stepline's database. Numbered migrations in migrations/ must produce
 -- exactly this schema (a test checks it).
+--
+-- Scoped tables name their scope column project_id; it holds an environment id (environments
+-- belong to projects), so a key, which sees one environment, filters every query by it.
 
 CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
 COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
@@ -16,13 +19,29 @@ CREATE TABLE projects (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE TABLE api_keys (
+CREATE TABLE environments (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (project_id, name)
+);
+COMMENT ON TABLE environments IS 'An environment of a project. Every scoped table''s project_id column holds an environment id: a key sees one environment.';
+
+CREATE TABLE api_keys (
+    id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     name text NOT NULL,
     key_hash text NOT NULL UNIQUE,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    role text NOT NULL DEFAULT 'admin' CHECK (role IN ('admin', 'write', 'read')),
+    prefix text NOT NULL DEFAULT '',
+    revoked_at timestamptz
 );
+COMMENT ON COLUMN api_keys.project_id IS 'The environment the key sees (an environments row).';
+COMMENT ON COLUMN api_keys.role IS 'admin: everything, keys and environments included; write: everything but keys; read: GET only.';
+COMMENT ON COLUMN api_keys.prefix IS 'The first characters of the key, shown in lists so a person can tell keys apart.';
+COMMENT ON COLUMN api_keys.revoked_at IS 'When the key was revoked; a revoked key is refused.';
 
 CREATE TABLE server_secrets (
     id serial PRIMARY KEY,
@@ -33,7 +52,7 @@ COMMENT ON TABLE server_secrets IS 'Keys that sign callback URLs: the newest sig
 
 CREATE TABLE apps (
     id uuid PRIMARY KEY,
-    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     slug text NOT NULL UNIQUE,
     name text NOT NULL,
     url text NOT NULL,
@@ -47,7 +66,7 @@ CREATE TABLE apps (
 COMMENT ON COLUMN apps.signing_secrets IS 'Newest first: the first signs invocations.';
 
 CREATE TABLE workflows (
-    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     name text NOT NULL CHECK (name ~ '^[A-Za-z0-9_-]{1,64}$'),
     app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
     options jsonb NOT NULL DEFAULT '{}',
@@ -57,7 +76,7 @@ CREATE TABLE workflows (
 
 CREATE TABLE runs (
     id uuid PRIMARY KEY,
-    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
     workflow text NOT NULL,
     status run_status NOT NULL DEFAULT 'running',
@@ -156,7 +175,7 @@ CREATE TABLE callbacks (
 
 CREATE TABLE events (
     id uuid PRIMARY KEY,
-    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     name text NOT NULL,
     data jsonb,
     received_at timestamptz NOT NULL DEFAULT now(),
@@ -186,7 +205,7 @@ COMMENT ON TABLE run_events IS 'Append-only history of a run, in per-run seq ord
 
 CREATE TABLE schedules (
     id text PRIMARY KEY CHECK (id ~ '^wfs_[A-Za-z0-9]+$'),
-    project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     workflow text NOT NULL,
     cron text NOT NULL,
     timezone text NOT NULL DEFAULT 'UTC',
