@@ -33,6 +33,7 @@ class Settings:
     timer_lead_seconds: float = 0.05
     # Delivery failures (the app could not be invoked) are retried for this long.
     delivery_window_seconds: float = 24 * 3600.0
+    delivery_backoff_max_seconds: float = 300.0  # the longest pause between two tries
     retention_days: float = 30.0
     # Schedules.
     scheduler_poll_seconds: float = 1.0
@@ -76,6 +77,9 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         retention_days=float(e.get("STEPLINE_RETENTION_DAYS", s.retention_days)),
         delivery_window_seconds=_seconds(
             e.get("STEPLINE_DELIVERY_WINDOW"), s.delivery_window_seconds
+        ),
+        delivery_backoff_max_seconds=_seconds(
+            e.get("STEPLINE_DELIVERY_BACKOFF_MAX"), s.delivery_backoff_max_seconds
         ),
         scheduler_poll_seconds=float(
             e.get("STEPLINE_SCHEDULER_POLL_SECONDS", s.scheduler_poll_seconds)

@@ -92,6 +92,9 @@ async def _setup(stack: Stack, config: Config) -> tuple[Api, str]:
         env = {
             **base_env,
             "STEPLINE_LEASE_SECONDS": str(config.lease_seconds),
+            # A run whose invocations failed many times in a row (app down, then injected
+            # 503s) is tried again within seconds, so it ends within the settle window.
+            "STEPLINE_DELIVERY_BACKOFF_MAX": "3s",
             "STEPLINE_PUBLIC_URL": url,
         }
         stack.orchestrators.append(

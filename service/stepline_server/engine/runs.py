@@ -79,11 +79,13 @@ def on_delivery_failure(
     http_status: int | None,
     retry_after_seconds: float | None = None,
     jitter: bool = True,
+    cap_ms: int = DELIVERY_BACKOFF_CAP_MS,
 ) -> DeliveryFailure:
     """Decide after the ``failures_so_far + 1``-th delivery failure in a row, the first of
     which happened at ``failing_since`` (None: this one). Delivery failures never use the
-    workflow's retries: they are tried again with backoff (1 s doubling, capped at 5 min,
-    ``Retry-After`` honoured) until the delivery window has passed since the first of them."""
+    workflow's retries: they are tried again with backoff (1 s doubling, capped at ``cap_ms``,
+    5 min by default, ``Retry-After`` honoured) until the delivery window has passed since the
+    first of them."""
     attempts = failures_so_far + 1
     spent = (now - (failing_since or now)).total_seconds()
     remaining = window_seconds - spent
@@ -99,7 +101,7 @@ def on_delivery_failure(
         if http_status is not None:
             error["httpStatus"] = http_status
         return DeliveryFailure(False, 0, error)
-    delay = min(float(DELIVERY_BACKOFF_CAP_MS), DELIVERY_BACKOFF_MS * 2.0 ** (attempts - 1))
+    delay = min(float(cap_ms), DELIVERY_BACKOFF_MS * 2.0 ** min(attempts - 1, 40))
     if jitter:
         delay *= random.uniform(0.8, 1.0)
     if retry_after_seconds is not None and retry_after_seconds >= 0:

@@ -434,6 +434,7 @@ class Dispatcher:
             reason=reason,
             http_status=http_status,
             retry_after_seconds=retry_after,
+            cap_ms=int(self.settings.delivery_backoff_max_seconds * 1000),
         )
         if decision.retry:
             self.metrics.inc("stepline_delivery_failures_total")
