@@ -1,4 +1,4 @@
-"""The ``stepline`` command: serve, dev, migrate and keys."""
+"""The ``stepline`` command: serve, dev, migrate, keys and the operator commands."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from stepline_server import logs
+from stepline_server.cli import operate
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
@@ -115,11 +116,14 @@ def parser() -> argparse.ArgumentParser:
     keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="make an API key for the default project")
     create.add_argument("--name", default="cli", help="a name to remember the key by")
+    operate.add_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "operate", None):
+        return operate.run(args)
     settings = from_env()
     if getattr(args, "host", None):
         settings = settings.with_(host=args.host)
