@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
@@ -24,6 +25,7 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.routes_protocol import ProgressFastPath
 from stepline_server.orchestrator import Orchestrator
+from stepline_server.ui import app as ui
 
 # Starlette tries routes in order: the SDK's progress call, made once per step, comes first
 # (ProgressFastPath answers it before Starlette when the app is built by build_app).
@@ -85,8 +87,9 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
         finally:
             await orchestrator.stop()
 
+    state = State()
     app = Starlette(
-        routes=ROUTES,
+        routes=ROUTES + ui.routes(state),
         lifespan=lifespan,
         exception_handlers={
             ApiError: handle_api_error,
@@ -94,4 +97,5 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
             Exception: handle_unexpected,
         },
     )
+    app.state = state
     return ProgressFastPath(app, app.state)

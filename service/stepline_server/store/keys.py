@@ -38,3 +38,10 @@ async def project_of_key(conn: Conn, key: str) -> uuid.UUID | None:
 async def server_secrets(conn: Conn) -> list[str]:
     """Secrets that sign callback URLs, newest first."""
     return [r["secret"] for r in await conn.fetch(Q["server_secrets"])]
+
+
+async def project_of_key_hash(conn: Conn, digest: str) -> uuid.UUID | None:
+    """The project of the API key whose stored form is ``digest`` (a dashboard session keeps
+    that, never the key), or None when no such key is valid."""
+    value = await conn.fetchval(Q["find_key"], digest)
+    return value if isinstance(value, uuid.UUID) else None
