@@ -16,7 +16,7 @@ from datetime import date, datetime, time
 from typing import Any
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
-"""Inputs, outputs and step results are JSON of at most 1 MiB (API.md)."""
+"""Inputs, outputs and step results are JSON of at most 1 MiB (openapi.yaml)."""
 
 
 def _default(value: Any) -> Any:
