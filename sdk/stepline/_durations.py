@@ -1,4 +1,4 @@
-"""Durations as API.md takes them: seconds, a ``timedelta``, or ``"500ms"``, ``"1h30m"``."""
+"""Durations as the API and SDK take them: seconds, a ``timedelta``, or ``"500ms"``, ``"1h30m"``."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ class _Suspended(BaseException):
 
 
 MAX_TRACEBACK_BYTES = 16 * 1024
-"""A recorded traceback is at most this much UTF-8 (API.md); past it, its start is cut."""
+"""A recorded traceback is at most this much UTF-8 (openapi.yaml); past it, its start is cut."""
 
 _CUT = "[traceback cut to its last 16 KiB]\n"
 

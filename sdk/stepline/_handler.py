@@ -30,7 +30,7 @@ logger = logging.getLogger("stepline")
 
 
 class _Reject(Exception):
-    """An error answer in API.md's shape."""
+    """An error answer in the error shape of openapi.yaml."""
 
     def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
         super().__init__(message)

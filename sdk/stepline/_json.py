@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
-"""Inputs, outputs and step results are JSON of at most 1 MiB (API.md)."""
+"""Inputs, outputs and step results are JSON of at most 1 MiB (openapi.yaml)."""
 
 
 def _default(value: Any) -> Any:

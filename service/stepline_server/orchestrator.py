@@ -67,6 +67,7 @@ class Orchestrator:
         self.batcher = ProgressBatcher(self.pool, self.metrics)
         self.caller = AppCaller(
             self.settings.invoke_timeout_seconds,
+            describe_timeout=self.settings.describe_timeout_seconds,
             max_connections=self.settings.max_inflight,
             transport=self._app_transport,
         )

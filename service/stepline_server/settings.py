@@ -24,6 +24,7 @@ class Settings:
     # The run loop.
     lease_seconds: float = 20.0
     invoke_timeout_seconds: float = 300.0
+    describe_timeout_seconds: float = 10.0  # a sync asking an app what it hosts
     max_inflight: int = (
         64  # invocations calling apps at once (runs waiting for a sleep to end do not count)
     )
@@ -35,6 +36,8 @@ class Settings:
     delivery_window_seconds: float = 24 * 3600.0
     delivery_backoff_max_seconds: float = 300.0  # the longest pause between two tries
     retention_days: float = 30.0
+    # Logs: "auto" (for people in a terminal, JSON lines otherwise), "console" or "json".
+    log_format: str = "auto"
     # Schedules.
     scheduler_poll_seconds: float = 1.0
     misfire_grace_seconds: float = 60.0
@@ -68,9 +71,13 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         data_dir=Path(e.get("STEPLINE_DATA_DIR", str(s.data_dir))),
         log_level=e.get("STEPLINE_LOG_LEVEL", s.log_level).lower(),
         public_url=e.get("STEPLINE_PUBLIC_URL") or None,
+        log_format=e.get("STEPLINE_LOG_FORMAT", s.log_format).lower(),
         workers=max(1, int(e.get("STEPLINE_WORKERS", s.workers))),
         lease_seconds=float(e.get("STEPLINE_LEASE_SECONDS", s.lease_seconds)),
         invoke_timeout_seconds=float(e.get("STEPLINE_INVOKE_TIMEOUT", s.invoke_timeout_seconds)),
+        describe_timeout_seconds=float(
+            e.get("STEPLINE_DESCRIBE_TIMEOUT", s.describe_timeout_seconds)
+        ),
         max_inflight=int(e.get("STEPLINE_MAX_INFLIGHT", s.max_inflight)),
         poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
         timer_lead_seconds=float(e.get("STEPLINE_TIMER_LEAD_SECONDS", s.timer_lead_seconds)),
@@ -99,3 +106,20 @@ def _seconds(raw: str | None, default: float) -> float:
     if raw is None or not raw.strip():
         return default
     return to_ms(raw.strip()) / 1000
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Where the operator commands (``stepline runs …``) reach an orchestrator, and with what."""
+
+    url: str = "http://127.0.0.1:8400"
+    api_key: str | None = None
+
+
+def operator_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
+    """``STEPLINE_URL`` and ``STEPLINE_API_KEY`` from ``env`` (default: the process's)."""
+    e = os.environ if env is None else env
+    return OperatorSettings(
+        url=e.get("STEPLINE_URL") or OperatorSettings.url,
+        api_key=e.get("STEPLINE_API_KEY") or None,
+    )

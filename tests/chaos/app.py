@@ -171,7 +171,7 @@ async def announce(url: str) -> str:
     return url
 
 
-# The SDK's default retries (3 attempts): delivery failures must not use them (API.md).
+# The SDK's default retries (3 attempts): delivery failures must not use them (openapi.yaml).
 @sl.workflow("chaos", timeout="1h")
 async def chaos(ctx: stepline.Context, input: dict[str, Any]) -> dict[str, Any]:
     i = int(input["i"])

@@ -99,7 +99,7 @@ async def test_search_runs_filters_and_paginates(database_url: str) -> None:
 
 async def test_bad_input_is_refused_and_changes_nothing(database_url: str) -> None:
     """Invalid JSON, wrong types, bad names and keys, big bodies and unknown workflows get
-    API.md's error shape, and no run is created."""
+    the error shape of openapi.yaml, and no run is created."""
     sl = make_app()
     async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
         await stack.register(sl, url)

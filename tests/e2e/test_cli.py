@@ -47,6 +47,8 @@ def test_dev_runs_the_example_on_embedded_postgres(tmp_path: Path) -> None:
     assert "Run completed" in out and "send-welcome" in out
     assert "API key (dev): sl_" in out and "curl -s -X POST" in out
     assert "embedded PostgreSQL, data in" in out
+    assert "Dashboard: http://127.0.0.1:" in out and "/ui/" in out
+    assert "<id>" not in out and "?wait=30s'" in out  # a curl line that runs as pasted
     again = _stepline(*args, env=env, cwd=tmp_path)
     assert "Run completed" in again
 

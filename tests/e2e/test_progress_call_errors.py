@@ -1,4 +1,4 @@
-"""The progress call's refusals, answered ahead of Starlette's routing: API.md's error shape
+"""The progress call's refusals, answered ahead of Starlette's routing: openapi.yaml's error shape
 for each, and nothing written."""
 
 from __future__ import annotations

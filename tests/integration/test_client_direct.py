@@ -58,7 +58,7 @@ async def test_request_matches_contract(
     query: dict[str, str],
     body: Any,
 ) -> None:
-    """Each method sends API.md's verb, path, query, JSON body and bearer key, and answers the
+    """Each method sends openapi.yaml's verb, path, query, JSON body and bearer key, and answers the
     decoded JSON (None for 204)."""
     fake, client = direct
     result = await getattr(client, method)(*args, **kwargs)

@@ -150,7 +150,7 @@ async def test_request_matches_contract(
     query: dict[str, str],
     body: Any,
 ) -> None:
-    """Each method sends API.md's verb, path, query, JSON body and bearer key."""
+    """Each method sends openapi.yaml's verb, path, query, JSON body and bearer key."""
     result = await api.call(method, *args, **kwargs)
     sent = api.fake.last
     assert (sent.method, sent.url.path, dict(sent.url.params)) == (verb, path, query)
@@ -166,7 +166,7 @@ async def test_path_segments_are_quoted(api: Harness) -> None:
 
 
 async def test_error_shape_becomes_api_error(api: Harness) -> None:
-    """A non-2xx answer in API.md's error shape raises ApiError with its fields."""
+    """A non-2xx answer in the error shape of openapi.yaml raises ApiError with its fields."""
     error = {"code": "run_key_conflict", "message": "Run key taken.", "details": {"runId": "r0"}}
     api.fake.routes["POST", "/v1/runs"] = lambda r: httpx.Response(409, json={"error": error})
     with pytest.raises(ApiError) as caught:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
@@ -25,6 +26,7 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.routes_protocol import ProgressFastPath
 from stepline_server.orchestrator import Orchestrator
+from stepline_server.ui import app as ui
 
 # Starlette tries routes in order: the SDK's progress call, made once per step, comes first
 # (ProgressFastPath answers it before Starlette when the app is built by build_app).
@@ -93,8 +95,9 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
         finally:
             await orchestrator.stop()
 
+    state = State()
     app = Starlette(
-        routes=ROUTES,
+        routes=ROUTES + ui.routes(state),
         lifespan=lifespan,
         exception_handlers={
             ApiError: handle_api_error,
@@ -105,4 +108,5 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
     # A path with a trailing slash is not found rather than redirected: an empty signature
     # (``/v1/callbacks/{id}/``) must not be sent on to the API-key route.
     app.router.redirect_slashes = False
+    app.state = state
     return ProgressFastPath(app, app.state)

@@ -1,4 +1,4 @@
-"""API errors and the one handler that maps them to API.md's error shape.
+"""API errors and the one handler that maps them to the error shape of openapi.yaml.
 
 ApiError                      code, status, message, details
  ├── InvalidJson              400 invalid_json
@@ -106,7 +106,7 @@ def from_validation(exc: ValidationError) -> ValidationFailed:
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
-    """API.md's error shape: ``{"error": {code, message, details?}}``."""
+    """the error shape of openapi.yaml: ``{"error": {code, message, details?}}``."""
     body: dict[str, Any] = {"code": exc.code, "message": exc.message}
     if exc.details:
         body["details"] = exc.details

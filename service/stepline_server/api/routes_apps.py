@@ -12,8 +12,8 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline.protocol import DescribeResponse
-from stepline_server.api import auth, pagination, serialize
+from stepline_server import appsync, serialize
+from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import AppUnreachable, InvalidState, NotFound, from_validation
 from stepline_server.api.responses import json_response, read_model
@@ -172,23 +172,13 @@ async def sync_app(request: Request) -> Response:
         app_url(row["url"])
     except ValueError as exc:  # registered before URLs were checked
         raise AppUnreachable(f"the app's URL cannot be called ({exc}); change it first") from None
-    o = orch(request)
-    result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
-    if not result.ok or not isinstance(result.response, DescribeResponse):
-        raise AppUnreachable(f"could not sync the app at {row['url']}: {result.reason}")
-    described = result.response
-    workflows = []
-    for wf in described.workflows:
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", wf.name):
-            raise AppUnreachable(f"the app described a workflow with an invalid name {wf.name!r}")
-        options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
-        workflows.append((wf.name, options))
     try:
-        async with o.pool.acquire() as conn, conn.transaction():
-            synced = await apps.record_sync(conn, row, workflows, described.deployment_id)
-            await o.after_sync(conn, synced, described)
+        done = await appsync.sync(orch(request), row)
+    except appsync.SyncFailed as exc:
+        raise AppUnreachable(str(exc)) from None
     except ValidationError as exc:
         raise from_validation(exc) from None
+    synced, workflows = done.app, done.workflows
     return json_response(
         {
             "app": serialize.app(synced),

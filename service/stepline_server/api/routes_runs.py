@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline._durations import parse_duration
-from stepline_server.api import pagination, serialize
+from stepline_server import reads, serialize
+from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import (
     ApiError,
@@ -41,21 +42,6 @@ class RunStart(BaseModel):
 
 class RunRetry(BaseModel):
     from_step: str | None = Field(default=None, alias="fromStep", min_length=1, max_length=256)
-
-
-async def run_json(conn: Conn, row: Record, *, with_steps: bool = True) -> dict[str, Any]:
-    """A run as the API shows it, with its app's slug and (by default) its steps."""
-    app = await apps_slug(conn, row)
-    steps = await runs.steps(conn, row["id"]) if with_steps else None
-    return serialize.run(row, app, steps)
-
-
-async def apps_slug(conn: Conn, row: Record) -> str | None:
-    slug = row.get("app_slug")
-    if slug is not None:
-        return slug  # type: ignore[no-any-return]
-    app = await apps.get(conn, row["project_id"], str(row["app_id"]))
-    return app["slug"] if app else None
 
 
 async def start_run(request: Request) -> Response:
@@ -86,7 +72,7 @@ async def start_run(request: Request) -> Response:
                 )
             row, deduplicated = await _create(conn, wf, body, new, notify=notify, lease=slot.lease)
             if row["id"] != new.id:  # the run its key or singleton key names
-                answer = await run_json(conn, row)
+                answer = await reads.run_json(conn, row, callback_url=reads.callback_url(o))
                 if deduplicated:
                     answer["deduplicated"] = True
                 return json_response(answer, 200)
@@ -151,7 +137,9 @@ async def get_run(request: Request) -> Response:
                     raise NotFound(f"no run with id {run_id}")
                 left = deadline - time.monotonic()
                 if row["status"] in rules.ENDED or left <= 0:
-                    return json_response(await run_json(conn, row))
+                    return json_response(
+                        await reads.run_json(conn, row, callback_url=reads.callback_url(o))
+                    )
             # The end notification wakes the wait; looking again now and then only covers a
             # listener that lost its connection before it reconnected.
             with contextlib.suppress(TimeoutError):
@@ -193,7 +181,7 @@ async def list_runs(request: Request) -> Response:
         rows = await runs.search(conn, pid, f, before, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
-        items = [await run_json(conn, r, with_steps=False) for r in rows]
+        items = [await reads.run_json(conn, r, with_steps=False) for r in rows]
     nxt = (
         pagination.encode([rows[-1]["created_at"].isoformat(), str(rows[-1]["id"])])
         if more
@@ -214,7 +202,9 @@ async def cancel_run(request: Request) -> Response:
         if row is None:
             raise NotFound(f"no run with id {run_id}")
         o.dispatcher.wake()
-        return json_response(await run_json(conn, row), 202)
+        return json_response(
+            await reads.run_json(conn, row, callback_url=reads.callback_url(o)), 202
+        )
 
 
 async def retry_run(request: Request) -> Response:
@@ -232,7 +222,9 @@ async def retry_run(request: Request) -> Response:
         if row is None:
             raise NotFound(f"no run with id {run_id}")
         o.dispatcher.wake()
-        return json_response(await run_json(conn, row), 202)
+        return json_response(
+            await reads.run_json(conn, row, callback_url=reads.callback_url(o)), 202
+        )
 
 
 async def list_events(request: Request) -> Response:

@@ -12,11 +12,11 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server.api import pagination, serialize
+from stepline_server import reads, serialize
+from stepline_server.api import pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.api.routes_runs import run_json
 from stepline_server.engine import schedules as rules
 from stepline_server.store import apps, schedules
 from stepline_server.store.db import Conn, Record
@@ -196,4 +196,6 @@ async def trigger_schedule(request: Request) -> Response:
             raise NotFound(f"{exc}; sync the app that hosts it") from None
         run = _found(run, sid)
         o.dispatcher.wake()
-        return json_response(await run_json(conn, run), 201)
+        return json_response(
+            await reads.run_json(conn, run, callback_url=reads.callback_url(o)), 201
+        )

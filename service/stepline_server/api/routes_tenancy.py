@@ -8,7 +8,8 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server.api import auth, serialize
+from stepline_server import serialize
+from stepline_server.api import auth
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_model

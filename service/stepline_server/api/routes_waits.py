@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server.api import serialize
+from stepline_server import serialize
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model

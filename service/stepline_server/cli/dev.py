@@ -79,13 +79,18 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
                 names = ", ".join(w["name"] for w in synced["workflows"])
                 print(f"Stepline orchestrator: {base}  ({where})")
                 print(f"Example app {row['slug']} at {app_url} with workflows: {names}")
-                print(f"API key (dev): {key}\n")
-                await _demo(client)
-                print("\nStart more runs:")
+                print(f"API key (dev): {key}")
+                print(f"Dashboard: {base}/ui/  (sign in with the key above)\n")
+                run_id = await _demo(client)
+                print(f"\nSee it: {base}/ui/runs/{run_id}")
+                print("Start more runs:")
                 print(f"  curl -s -X POST {base}/v1/runs -H 'Authorization: Bearer {key}' \\")
                 print("       -H 'content-type: application/json' \\")
                 print('       -d \'{"workflow": "onboard-customer", "input": {"userId": "u2"}}\'')
-                print(f"  curl -s {base}/v1/runs/<id>?wait=30s -H 'Authorization: Bearer {key}'")
+                print(
+                    f"  curl -s '{base}/v1/runs/{run_id}?wait=30s' -H 'Authorization: Bearer {key}'"
+                )
+                print(f"  STEPLINE_API_KEY={key} stepline runs list")
                 if once:
                     return 0
                 print("\nPress Ctrl-C to stop.")
@@ -97,7 +102,8 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             await asyncio.gather(api_task, app_task, return_exceptions=True)
 
 
-async def _demo(client: stepline.AsyncClient) -> None:
+async def _demo(client: stepline.AsyncClient) -> str:
+    """Run the demo workflow while printing its steps; answer its run id."""
     run = await client.start_run("onboard-customer", {"userId": "u1", "coolOff": "2s"})
     print(f"Demo run {run['id']} of onboard-customer started:")
     shown: set[tuple[str, str]] = set()
@@ -125,6 +131,7 @@ async def _demo(client: stepline.AsyncClient) -> None:
         + ", ".join(e["type"] for e in events["events"][:6])
         + ", ..."
     )
+    return str(run["id"])
 
 
 def run(settings: Settings, *, app_port: int, once: bool) -> int:

@@ -1,4 +1,5 @@
-"""The ``stepline`` command: serve, dev, migrate, projects, environments and keys."""
+"""The ``stepline`` command: serve, dev, migrate, projects, environments, keys and the
+operator commands."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from stepline_server import logs
-from stepline_server.cli import tenancy
+from stepline_server.cli import operate, tenancy
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
@@ -38,8 +39,17 @@ async def _serve(settings: Settings) -> None:
     from stepline_server.cli import servers, workers
     from stepline_server.orchestrator import Orchestrator
 
-    async with database(settings) as (dsn, _):
+    async with database(settings) as (dsn, where):
         app = build_app(Orchestrator(settings, dsn))
+        if not workers.is_child():
+            print(
+                f"Stepline orchestrator on {settings.base_url} ({where})\n"
+                f"  dashboard: {settings.base_url}/ui/\n"
+                "  API keys: `stepline keys create` makes one (run it beside this server,"
+                " with the same DATABASE_URL or data folder)",
+                file=sys.stderr,
+                flush=True,
+            )
         api = servers.server(app, settings.host, settings.port, log_level=settings.log_level)
         servers.stop_on_signals(api)
         servers.tune_gc()
@@ -100,11 +110,14 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--once", action="store_true", help="exit after the demo run ends")
     sub.add_parser("migrate", help="apply database migrations and exit")
     tenancy.add_commands(sub)
+    operate.add_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "operate", None):
+        return operate.run(args)
     settings = from_env()
     if getattr(args, "host", None):
         settings = settings.with_(host=args.host)
@@ -112,7 +125,20 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.with_(port=args.port)
     if getattr(args, "workers", None):
         settings = settings.with_(workers=max(1, args.workers))
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format, data_dir=settings.data_dir)
+    if args.command in ("serve", "dev"):
+        from stepline_server.cli import servers, workers
+
+        if not workers.is_child() and servers.port_in_use(settings.host, settings.port):
+            print(servers.busy_port_message(settings.host, settings.port), file=sys.stderr)
+            return 1
+        if args.command == "dev" and servers.port_in_use("127.0.0.1", args.app_port):
+            print(
+                f"stepline: 127.0.0.1:{args.app_port} (the example app's port) is already in"
+                " use; choose another with --app-port",
+                file=sys.stderr,
+            )
+            return 1
     try:
         if args.command == "serve":
             _run(_serve(settings))

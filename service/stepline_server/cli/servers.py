@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ def server(app: Any, host: str, port: int, *, log_level: str = "warning") -> Ser
         http="httptools",
         access_log=False,
         proxy_headers=False,
+        log_config=None,  # uvicorn's records go through stepline's logging (logs.py)
     )
     return Server(config)
 
@@ -58,3 +60,22 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 50)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on ``host:port`` (so binding it would fail)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def busy_port_message(host: str, port: int) -> str:
+    return (
+        f"stepline: {host}:{port} is already in use; stop what listens there or choose another"
+        " port with --port (or STEPLINE_PORT)"
+    )

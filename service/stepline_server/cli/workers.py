@@ -36,6 +36,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_child() -> bool:
+    """Whether this process is a worker started by another (it serves an inherited socket)."""
+    return LISTEN_FD in os.environ
+
+
 def inherited() -> socket.socket | None:
     """The socket this worker was started with, when it is a child worker."""
     fd = os.environ.get(LISTEN_FD)

@@ -10,7 +10,7 @@ from typing import Any
 
 
 class RunStatus(StrEnum):
-    """Where a run stands (API.md's run statuses)."""
+    """Where a run stands (openapi.yaml's RunStatus)."""
 
     RUNNING = "running"
     CANCELLING = "cancelling"
@@ -33,7 +33,7 @@ END_EVENT = {
 
 
 class RuleError(Exception):
-    """An action the run's state does not allow; ``code`` is API.md's error code."""
+    """An action the run's state does not allow; ``code`` is the error code of openapi.yaml."""
 
     def __init__(self, message: str, code: str = "invalid_state") -> None:
         super().__init__(message)

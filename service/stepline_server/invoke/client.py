@@ -40,9 +40,11 @@ class AppCaller:
         self,
         timeout: float,
         *,
+        describe_timeout: float = 10.0,
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self._describe_timeout = describe_timeout
         self._fast = _http.HttpClient(timeout=timeout, max_idle=max_connections)
         self._client: httpx.AsyncClient | None = None
         if transport is not None:
@@ -56,14 +58,18 @@ class AppCaller:
             await self._client.aclose()
 
     async def _post(
-        self, url: str, payload: bytes, headers: dict[str, str]
+        self, url: str, payload: bytes, headers: dict[str, str], timeout: float | None
     ) -> tuple[int, bytes, str | None]:
-        """POST; answer the status, the body and the Retry-After header."""
+        """POST (within ``timeout`` seconds, default the invocation timeout); answer the
+        status, the body and the Retry-After header."""
         if self._client is None:
-            answer = await self._fast.post(url, payload, headers, follow_redirects=True)
+            answer = await self._fast.post(
+                url, payload, headers, follow_redirects=True, timeout=timeout
+            )
             return answer.status, answer.body, answer.headers.get("retry-after")
         try:
-            response = await self._client.post(url, content=payload, headers=headers)
+            extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+            response = await self._client.post(url, content=payload, headers=headers, **extra)
         except httpx.TimeoutException:
             raise _http.HttpError("timed out") from None
         except httpx.HTTPError as exc:
@@ -75,11 +81,19 @@ class AppCaller:
         return await self._call(url, secrets, body, InvokeResponse)
 
     async def describe(self, url: str, secrets: list[str]) -> CallResult:
-        """Ask the app which workflows it hosts."""
-        return await self._call(url, secrets, {"kind": "describe"}, DescribeResponse)
+        """Ask the app which workflows it hosts, giving up after the describe timeout (a sync
+        is a person waiting, not a workflow step)."""
+        return await self._call(
+            url, secrets, {"kind": "describe"}, DescribeResponse, self._describe_timeout
+        )
 
     async def _call(
-        self, url: str, secrets: list[str], body: dict[str, Any], model: type[BaseModel]
+        self,
+        url: str,
+        secrets: list[str],
+        body: dict[str, Any],
+        model: type[BaseModel],
+        timeout: float | None = None,
     ) -> CallResult:
         payload = orjson.dumps(body)
         headers = {
@@ -88,7 +102,7 @@ class AppCaller:
         }
         started = time.perf_counter()
         try:
-            status, content, retry_after = await self._post(url, payload, headers)
+            status, content, retry_after = await self._post(url, payload, headers, timeout)
         except _http.HttpError as exc:
             if str(exc) == "timed out":
                 reason = "the app did not answer in time"

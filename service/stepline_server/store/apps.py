@@ -44,7 +44,11 @@ async def rotate_secret(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) ->
 
 
 async def get(conn: Conn, project_id: uuid.UUID, id_or_slug: str) -> Record | None:
-    return await conn.fetchrow(Q["get_app"], project_id, id_or_slug)
+    """The app with this id or slug, else the one with this name."""
+    row = await conn.fetchrow(Q["get_app"], project_id, id_or_slug)
+    if row is None:
+        row = await conn.fetchrow(Q["get_app_by_name"], project_id, id_or_slug)
+    return row
 
 
 async def get_by_name(conn: Conn, project_id: uuid.UUID, name: str) -> Record | None:

@@ -120,3 +120,9 @@ async def revoke_key(conn: Conn, key_id: uuid.UUID, environment_id: uuid.UUID | 
 async def server_secrets(conn: Conn) -> list[str]:
     """Secrets that sign callback URLs, newest first."""
     return [r["secret"] for r in await conn.fetch(Q["server_secrets"])]
+
+
+async def find_key_hash(conn: Conn, digest: str) -> Record | None:
+    """The context (environment, project, role) of the API key whose stored form is ``digest``
+    (a dashboard session keeps that, never the key), or None when no such key is valid."""
+    return await conn.fetchrow(Q["find_key"], digest)

@@ -1,7 +1,8 @@
-"""Database rows as the API's camelCase JSON objects."""
+"""Database rows as the camelCase JSON objects the API, the CLI and the dashboard show."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +44,11 @@ def workflow(row: Record) -> dict[str, Any]:
     }
 
 
-def step(row: Record) -> dict[str, Any]:
+CallbackUrl = Callable[[str], str]
+"""The signed URL that completes a callback, given its id."""
+
+
+def step(row: Record, callback_url: CallbackUrl | None = None) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": row["name"],
         "kind": row["kind"],
@@ -58,6 +63,8 @@ def step(row: Record) -> dict[str, Any]:
         data["wakeAt"] = ts(row["wake_at"])
     if row["callback_id"] is not None:
         data["callbackId"] = str(row["callback_id"])
+        if callback_url is not None:
+            data["callbackUrl"] = callback_url(str(row["callback_id"]))
     if row["child_run_id"] is not None:
         data["childRunId"] = str(row["child_run_id"])
     if row["timeout_at"] is not None:
@@ -66,7 +73,10 @@ def step(row: Record) -> dict[str, Any]:
 
 
 def run(
-    row: Record, app_slug: str | None = None, steps: list[Record] | None = None
+    row: Record,
+    app_slug: str | None = None,
+    steps: list[Record] | None = None,
+    callback_url: CallbackUrl | None = None,
 ) -> dict[str, Any]:
     started, scheduled = row["started_at"], row["scheduled_at"]
     data: dict[str, Any] = {
@@ -93,7 +103,7 @@ def run(
     if "deployment_id" in row:  # the run read alone: its last invocation's deployment
         data["deploymentId"] = row["deployment_id"]
     if steps is not None:
-        data["steps"] = [step(s) for s in steps]
+        data["steps"] = [step(s, callback_url) for s in steps]
     return data
 
 

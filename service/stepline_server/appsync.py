@@ -1,0 +1,49 @@
+"""An app's sync, as the API and the dashboard both do it: ask the app, record what it hosts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stepline.protocol import DescribeResponse
+from stepline_server.store import apps
+from stepline_server.store.db import Record
+
+if TYPE_CHECKING:
+    from stepline_server.orchestrator import Orchestrator
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class SyncFailed(Exception):
+    """The app could not be asked, or its answer cannot be registered; the message says why."""
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The app after its sync, and each workflow it hosts with its options."""
+
+    app: Record
+    workflows: list[tuple[str, dict[str, Any]]]
+
+
+async def sync(o: Orchestrator, row: Record) -> Synced:
+    """Ask the app at ``row``'s URL (signed) which workflows it hosts and register them.
+
+    Raises :class:`SyncFailed` when it cannot be reached or describes an invalid workflow, and
+    pydantic's ValidationError when a schedule it declares does not parse."""
+    result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
+    if not result.ok or not isinstance(result.response, DescribeResponse):
+        raise SyncFailed(f"could not sync the app at {row['url']}: {result.reason}")
+    described = result.response
+    workflows = []
+    for wf in described.workflows:
+        if not _NAME.fullmatch(wf.name):
+            raise SyncFailed(f"the app described a workflow with an invalid name {wf.name!r}")
+        options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
+        workflows.append((wf.name, options))
+    async with o.pool.acquire() as conn, conn.transaction():
+        synced = await apps.record_sync(conn, row, workflows, described.deployment_id)
+        await o.after_sync(conn, synced, described)
+    return Synced(synced, workflows)

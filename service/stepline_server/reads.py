@@ -1,0 +1,41 @@
+"""Reads the API and the dashboard make the same way: a run with its app, steps and URLs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stepline_server import serialize
+from stepline_server.store import apps, runs
+from stepline_server.store.db import Conn, Record
+
+if TYPE_CHECKING:
+    from stepline_server.orchestrator import Orchestrator
+
+
+def callback_url(o: Orchestrator) -> serialize.CallbackUrl:
+    """Signed callback URLs built on the orchestrator's public base URL."""
+    base = o.settings.base_url
+    return lambda callback_id: o.signer.url(base, callback_id)
+
+
+async def app_slug(conn: Conn, row: Record) -> str | None:
+    """The slug of a run's app (read along with the run when the query joined it)."""
+    slug = row.get("app_slug")
+    if slug is not None:
+        return slug  # type: ignore[no-any-return]
+    app = await apps.get(conn, row["project_id"], str(row["app_id"]))
+    return app["slug"] if app else None
+
+
+async def run_json(
+    conn: Conn,
+    row: Record,
+    *,
+    with_steps: bool = True,
+    callback_url: serialize.CallbackUrl | None = None,
+) -> dict[str, Any]:
+    """A run as the API shows it, with its app's slug and (by default) its steps, each waiting
+    callback with its URL when ``callback_url`` is given."""
+    slug = await app_slug(conn, row)
+    steps = await runs.steps(conn, row["id"]) if with_steps else None
+    return serialize.run(row, slug, steps, callback_url)

@@ -1,0 +1,1 @@
+"""The dashboard: server-rendered pages under ``/ui/`` over the same store and engine as ``api``."""

@@ -1,0 +1,94 @@
+"""The dashboard's routes under ``/ui``, its static files, and the headers every answer has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders, State
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stepline_server.ui import pages_admin as admin
+from stepline_server.ui import pages_runs as runs
+from stepline_server.ui.web import Shared, endpoint
+
+STATIC = Path(__file__).parent / "static"
+
+# Scripts and styles from this origin only, nothing inline, no frames, forms to itself.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+class SecurityHeaders:
+    """Adds the Content-Security-Policy and its companions to every dashboard answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                h = MutableHeaders(scope=message)
+                h["content-security-policy"] = CSP
+                h["x-content-type-options"] = "nosniff"
+                h["x-frame-options"] = "DENY"
+                h["referrer-policy"] = "same-origin"
+                h.setdefault("cache-control", "no-store")
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def dashboard(state: State) -> ASGIApp:
+    """The dashboard app, reading the orchestrator from the main app's ``state``."""
+    s = Shared(state)
+    w = {"write": True}
+    routes: list[BaseRoute] = [
+        Route("/", endpoint(s, runs.home)),
+        Route("/login", endpoint(s, runs.login_form, public=True)),
+        Route("/login", endpoint(s, runs.login, public=True), methods=["POST"]),
+        Route("/logout", endpoint(s, runs.logout, public=True), methods=["POST"]),
+        Route("/runs", endpoint(s, runs.runs_page)),
+        Route("/runs/rows", endpoint(s, runs.runs_rows)),
+        Route("/runs/{runId}", endpoint(s, runs.run_page)),
+        Route("/runs/{runId}/live", endpoint(s, runs.run_live)),
+        Route("/runs/{runId}/cancel", endpoint(s, runs.cancel, **w), methods=["POST"]),
+        Route("/runs/{runId}/retry", endpoint(s, runs.retry, **w), methods=["POST"]),
+        Route(
+            "/callbacks/{callbackId}",
+            endpoint(s, runs.complete_callback, **w),
+            methods=["POST"],
+        ),
+        Route("/workflows", endpoint(s, admin.workflows_page)),
+        Route("/apps", endpoint(s, admin.apps_page)),
+        Route("/apps/{app}/sync", endpoint(s, admin.sync_app, **w), methods=["POST"]),
+        Route("/schedules", endpoint(s, admin.schedules_page)),
+        Route(
+            "/schedules/{scheduleId}/{action}",
+            endpoint(s, admin.change_schedule, **w),
+            methods=["POST"],
+        ),
+        Route("/events", endpoint(s, admin.events_page)),
+        Route("/events", endpoint(s, admin.send_event, **w), methods=["POST"]),
+        Route("/keys", endpoint(s, admin.keys_page)),
+        Mount("/static", app=StaticFiles(directory=STATIC)),
+    ]
+    return SecurityHeaders(Starlette(routes=routes))
+
+
+async def _to_dashboard(request: object) -> Response:
+    return RedirectResponse("/ui/", 307)
+
+
+def routes(state: State) -> list[BaseRoute]:
+    """``/ui`` and ``/`` (which leads there), for the orchestrator's app."""
+    return [Mount("/ui", app=dashboard(state)), Route("/", _to_dashboard, methods=["GET"])]

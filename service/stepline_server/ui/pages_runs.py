@@ -1,0 +1,217 @@
+"""Pages for runs: sign in and out, the runs list (live), a run's page (live) and its actions."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.responses import RedirectResponse, Response
+
+from stepline_server import reads, serialize
+from stepline_server.engine import runs as rules
+from stepline_server.store import apps, keys, runs, waits
+from stepline_server.ui import timeline
+from stepline_server.ui.web import Req
+
+PAGE = 50
+STATUSES = [s.value for s in rules.RunStatus]
+
+
+async def login_form(r: Req) -> Response:
+    if r.viewer is not None:
+        return RedirectResponse("/ui/runs", 303)
+    return r.page("login.html", title="Sign in")
+
+
+async def login(r: Req) -> Response:
+    key = r.form.get("key", "").strip()
+    async with r.orch.pool.acquire() as conn:
+        project = await keys.find_key(conn, key) if key else None
+    if project is None:
+        return r.page("login.html", 401, title="Sign in", error="That API key is not valid.")
+    # A fresh CSRF token with the new identity.
+    r.session.key_hash, r.session.csrf = keys.hash_key(key), secrets.token_urlsafe(24)
+    r.session.changed = True
+    return RedirectResponse("/ui/runs", 303)
+
+
+async def logout(r: Req) -> Response:
+    r.session.key_hash, r.session.csrf = None, secrets.token_urlsafe(24)
+    r.session.changed = True
+    return RedirectResponse("/ui/login", 303)
+
+
+async def home(r: Req) -> Response:
+    return RedirectResponse("/ui/runs", 303)
+
+
+def _local_time(raw: str | None) -> datetime | None:
+    """A ``datetime-local`` field (read as UTC) or an RFC 3339 time; None when not one."""
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _filters(r: Req) -> tuple[runs.RunFilter, dict[str, str]]:
+    """The list's filters from the query, and the query that repeats them."""
+    q = r.request.query_params
+    kept = {k: q[k] for k in ("workflow", "status", "runKey", "after", "before", "q") if q.get(k)}
+    status = kept.get("status")
+    if status not in STATUSES:
+        kept.pop("status", None)
+        status = None
+    run_key = kept.get("runKey") or kept.get("q")
+    f = runs.RunFilter(
+        workflow=kept.get("workflow"),
+        status=status,
+        run_key=run_key,
+        created_after=_local_time(kept.get("after")),
+        created_before=_local_time(kept.get("before")),
+    )
+    return f, kept
+
+
+def _cursor(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
+    at, _, ident = (raw or "").partition("|")
+    try:
+        return datetime.fromisoformat(at), uuid.UUID(ident)
+    except ValueError:
+        return None
+
+
+async def _rows(r: Req) -> dict[str, Any]:
+    f, kept = _filters(r)
+    before = _cursor(r.request.query_params.get("page"))
+    async with r.orch.pool.acquire() as conn:
+        rows = await runs.search(conn, r.pid, f, before, PAGE + 1)
+        items = [await reads.run_json(conn, row, with_steps=False) for row in rows[:PAGE]]
+        workflows = [w["name"] for w in await apps.workflows_page(conn, r.pid, None, 500)]
+    older = None
+    if len(rows) > PAGE:
+        last = rows[PAGE - 1]
+        older = urlencode({**kept, "page": f"{last['created_at'].isoformat()}|{last['id']}"})
+    return {
+        "runs": items,
+        "filters": kept,
+        "query": urlencode(
+            {**kept, **({"page": p} if (p := r.request.query_params.get("page")) else {})}
+        ),
+        "older": older,
+        "workflows": workflows,
+        "statuses": STATUSES,
+        "live": before is None,
+    }
+
+
+async def runs_page(r: Req) -> Response:
+    q = r.request.query_params.get("q", "").strip()
+    if q:
+        try:
+            run_id = uuid.UUID(q)
+        except ValueError:
+            run_id = None
+        if run_id is not None:
+            async with r.orch.pool.acquire() as conn:
+                if await runs.get(conn, r.pid, run_id) is not None:
+                    return RedirectResponse(f"/ui/runs/{run_id}", 303)
+    return r.page("runs.html", title="Runs", **await _rows(r))
+
+
+async def runs_rows(r: Req) -> Response:
+    return r.page("_rows.html", **await _rows(r))
+
+
+async def _run(r: Req) -> dict[str, Any] | None:
+    try:
+        run_id = uuid.UUID(r.request.path_params["runId"])
+    except ValueError:
+        return None
+    async with r.orch.pool.acquire() as conn:
+        row = await runs.get(conn, r.pid, run_id)
+        if row is None:
+            return None
+        run = await reads.run_json(conn, row, callback_url=reads.callback_url(r.orch))
+        events = [serialize.event(e) for e in await runs.events(conn, r.pid, run_id, 0, 2000)]
+        children = [s["childRunId"] for s in run["steps"] if s.get("childRunId")]
+    return {
+        "run": run,
+        "ended": run["status"] in rules.ENDED,
+        "events": events,
+        "invocations": timeline.invocations(events),
+        "bars": timeline.bars(run),
+        "children": children,
+        "waiting": [s for s in run["steps"] if s.get("callbackId") and s["status"] == "waiting"],
+    }
+
+
+def _missing(r: Req) -> Response:
+    return r.page("error.html", 404, title="Not found", message="There is no such run.")
+
+
+async def run_page(r: Req) -> Response:
+    data = await _run(r)
+    if data is None:
+        return _missing(r)
+    return r.page("run.html", title=f"Run {data['run']['id']}", **data)
+
+
+async def run_live(r: Req) -> Response:
+    data = await _run(r)
+    if data is None:
+        return _missing(r)
+    return r.page("_run_live.html", **data)
+
+
+async def cancel(r: Req) -> Response:
+    run_id = r.request.path_params["runId"]
+    async with r.orch.pool.acquire() as conn:
+        try:
+            row = await waits.cancel(conn, r.pid, uuid.UUID(run_id))
+        except (rules.RuleError, ValueError) as exc:
+            return r.back(f"/ui/runs/{run_id}", f"Not cancelled: {exc}")
+    if row is None:
+        return _missing(r)
+    r.orch.dispatcher.wake()
+    return r.back(f"/ui/runs/{run_id}", "Cancellation requested.")
+
+
+async def retry(r: Req) -> Response:
+    run_id = r.request.path_params["runId"]
+    from_step = r.form.get("fromStep") or None
+    async with r.orch.pool.acquire() as conn:
+        try:
+            row = await waits.retry(conn, r.pid, uuid.UUID(run_id), from_step)
+        except (rules.RuleError, ValueError) as exc:
+            return r.back(f"/ui/runs/{run_id}", f"Not retried: {exc}")
+    if row is None:
+        return _missing(r)
+    r.orch.dispatcher.wake()
+    where = f" from step {from_step}" if from_step else ""
+    return r.back(f"/ui/runs/{run_id}", f"Retrying{where}.")
+
+
+async def complete_callback(r: Req) -> Response:
+    back = r.form.get("back", "/ui/runs")
+    if not back.startswith("/ui/"):
+        back = "/ui/runs"
+    try:
+        cid = uuid.UUID(r.request.path_params["callbackId"])
+        body = json.loads(r.form.get("body") or "null")
+    except ValueError as exc:
+        return r.back(back, f"Not completed: the body must be JSON ({exc}).")
+    async with r.orch.pool.acquire() as conn:
+        done = await waits.complete_callback(conn, cid, r.pid, body)
+    if done.callback is None:
+        return r.back(back, "Not completed: there is no such callback.")
+    if not done.completed:
+        return r.back(back, f"Not completed: the callback is already {done.callback['status']}.")
+    r.orch.dispatcher.wake()
+    return r.back(back, "Callback completed.")

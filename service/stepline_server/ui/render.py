@@ -1,0 +1,55 @@
+"""Jinja2 set up once (autoescaped always), with the filters the templates use."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.responses import HTMLResponse
+
+from stepline_server.cli.output import duration
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _pretty(value: Any) -> str:
+    """JSON, indented, as text (escaped by the template like any other text)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _compact(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _when(value: datetime | str | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _took(start: str | None, end: str | None) -> str:
+    if not start:
+        return "-"
+    a = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    b = datetime.fromisoformat(end.replace("Z", "+00:00")) if end else datetime.now(UTC)
+    return duration(max(0.0, (b - a).total_seconds())) + ("" if end else "…")
+
+
+env = Environment(
+    loader=FileSystemLoader(TEMPLATES),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+env.filters.update(pretty=_pretty, compact=_compact, when=_when, took=_took)
+
+
+def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """The template ``name`` rendered with ``context``."""
+    return HTMLResponse(env.get_template(name).render(**context), status)

@@ -1,0 +1,275 @@
+"""The dashboard in a real browser (Debian's Chromium driven by Playwright) against a real
+orchestrator and app: sign in, find and read runs, act on them, and stay safe while doing so."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import stepline
+from stepline_server.store import keys
+from tests.support import Stack, app_server, orchestrator_stack
+
+playwright_api = pytest.importorskip("playwright.async_api")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"
+)
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# Keep the headless browser from calling anywhere but the orchestrator under test.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-domain-reliability",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
+]
+HTML = "<script>window.pwned = 1</script><b id=bold>bold</b><img src=x onerror=alert(1)>"
+
+
+def build_app(state: dict[str, bool]) -> stepline.Stepline:
+    sl = stepline.Stepline("whsec_ui_test")
+
+    @sl.workflow("onboard")
+    async def onboard(ctx: stepline.Context, input: dict[str, Any]) -> dict[str, Any]:
+        account = await ctx.step("create-account", lambda: {"id": "acct-" + input["user"]})
+        await ctx.sleep("cool-off", "10ms")
+        mail = await ctx.step("send-welcome", lambda: f"mail to {input['user']}")
+        return {"account": account["id"], "mail": mail}
+
+    @sl.workflow("approve")
+    async def approve(ctx: stepline.Context, input: Any) -> Any:
+        cb = await ctx.callback("approval", timeout="1h")
+        decision = await cb.wait()
+        return {"approved": decision.get("approved")}
+
+    @sl.workflow("charge", retries=stepline.Retries(attempts=1))
+    async def charge(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("load", lambda: "loaded")
+
+        def pay() -> str:
+            if not state.get("fixed"):
+                raise stepline.TerminalError("card declined")
+            return "paid"
+
+        return await ctx.step("pay", pay)
+
+    @sl.workflow("echo-html")
+    async def echo_html(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.step("render", lambda: {"html": HTML})
+
+    return sl
+
+
+@dataclass
+class Env:
+    stack: Stack
+    state: dict[str, bool]
+    browser: Any
+    page: Any
+
+    @property
+    def client(self) -> stepline.AsyncClient:
+        return self.stack.client
+
+    async def sign_in(self) -> None:
+        await self.page.goto(self.stack.url + "/ui/")
+        await self.page.fill("input[name=key]", self.stack.api_key)
+        await self.page.click("button:has-text('Sign in')")
+        await self.page.wait_for_url("**/ui/runs")
+
+    async def until(self, run_id: str, check: Any) -> dict[str, Any]:
+        for _ in range(200):
+            run = await self.client.get_run(run_id)
+            if check(run):
+                return run
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"run {run_id} never got there: {run}")
+
+
+@pytest.fixture
+async def env(database_url: str) -> AsyncIterator[Env]:
+    """An orchestrator and app on loopback, and a headless Chromium page."""
+    state: dict[str, bool] = {}
+    sl = build_app(state)
+    async with (
+        orchestrator_stack(database_url) as stack,
+        app_server(sl) as url,
+        playwright_api.async_playwright() as p,
+    ):
+        await stack.register(sl, url)
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            yield Env(stack, state, browser, page)
+        finally:
+            await browser.close()
+
+
+def waiting_callback(run: dict[str, Any]) -> bool:
+    return bool(run["steps"]) and run["steps"][0]["status"] == "waiting"
+
+
+async def test_sign_in_find_a_run_by_run_key_and_read_its_steps(env: Env) -> None:
+    """Signing in with a key leads to the runs list; searching a runKey finds the run, whose
+    page shows each step with its kind, status and output, and the run's output."""
+    page = env.page
+    await page.goto(env.stack.url + "/ui/runs/rows")
+    assert page.url.endswith("/ui/login")
+    for user in ("u1", "u2", "u3"):
+        run = await env.client.start_run("onboard", {"user": user}, run_key=f"signup-{user}")
+        await env.client.wait_run(run["id"], timeout=20)
+    await env.sign_in()
+    await page.fill("input[name=q]", "signup-u2")
+    await page.press("input[name=q]", "Enter")
+    await page.wait_for_url("**q=signup-u2**")
+    rows = page.locator("#rows tr")
+    assert await rows.count() == 1
+    assert "signup-u2" in await rows.first.inner_text()
+    await rows.first.locator("a").click()
+    await page.wait_for_selector("#run-status")
+    assert await page.inner_text("#run-status") == "completed"
+    steps = page.locator("tr.step")
+    names = [await steps.nth(i).get_attribute("data-step") for i in range(await steps.count())]
+    assert names == ["create-account", "cool-off", "send-welcome"]
+    assert "sleep" in await page.inner_text("tr.step[data-step=cool-off]")
+    assert "acct-u2" in await page.inner_text("#run-output")
+    assert "invocation.started" in await page.inner_text("table.history")
+    if os.environ.get("STEPLINE_SCREENSHOTS"):
+        await page.screenshot(path=str(DOCS / "dashboard-run.png"), full_page=True)
+        await page.goto(env.stack.url + "/ui/runs")
+        await page.screenshot(path=str(DOCS / "dashboard-runs.png"))
+
+
+async def test_the_runs_list_refreshes_by_itself(env: Env) -> None:
+    """A run started after the list was opened appears in it without a reload."""
+    await env.sign_in()
+    assert "No runs match" in await env.page.inner_text("#rows")
+    run = await env.client.start_run("onboard", {"user": "late"}, run_key="late-1")
+    await env.page.wait_for_selector("#rows >> text=late-1", timeout=10_000)
+    await env.client.wait_run(run["id"], timeout=20)
+
+
+async def test_complete_a_callback_from_the_run_page_and_watch_the_run_end(env: Env) -> None:
+    """The run page shows a waiting callback's URL and a form; completing it with a JSON body
+    ends the run, and the page shows it ending without a reload."""
+    run = await env.client.start_run("approve", None)
+    current = await env.until(run["id"], waiting_callback)
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert await page.inner_text("#run-status") == "running"
+    assert current["steps"][0]["callbackUrl"] in await page.inner_text("tr.detail")
+    await page.fill("form.callback textarea", '{"approved": true}')
+    await page.click("button:has-text('Complete approval')")
+    await page.wait_for_selector(".flash >> text=Callback completed")
+    await page.wait_for_selector("#run-status:has-text('completed')", timeout=15_000)
+    assert '"approved": true' in await page.inner_text("#run-output")
+
+
+async def test_retry_a_failed_run_from_a_step(env: Env) -> None:
+    """A failed run's page shows its error with the traceback; retrying from the failed step
+    (once the code is fixed) completes it."""
+    run = await env.client.start_run("charge", None)
+    await env.client.wait_run(run["id"], timeout=20)
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert await page.inner_text("#run-status") == "failed"
+    error = await page.inner_text(".error-box")
+    assert "card declined" in error and "Traceback" in error
+    env.state["fixed"] = True
+    await page.select_option("select[name=fromStep]", "pay")
+    await page.click("button:has-text('Retry from step')")
+    await page.wait_for_selector("#run-status:has-text('completed')", timeout=15_000)
+    ended = await env.client.get_run(run["id"])
+    assert ended["output"] == "paid"
+
+
+async def test_a_forged_form_post_is_refused(env: Env) -> None:
+    """A POST carrying the session cookie but not its CSRF token is refused (403) and changes
+    nothing; the session cookie is HttpOnly and SameSite=Strict."""
+    run = await env.client.start_run("approve", None)
+    await env.until(run["id"], waiting_callback)
+    await env.sign_in()
+    cookie = next(c for c in await env.page.context.cookies() if c["name"] == "stepline_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    url = f"{env.stack.url}/ui/runs/{run['id']}/cancel"
+    for form in ({}, {"_csrf": "forged"}):
+        answer = await env.page.request.post(url, form=form, max_redirects=0)
+        assert answer.status == 403
+        assert "CSRF" in await answer.text()
+    assert (await env.client.get_run(run["id"]))["status"] == "running"
+    async with httpx.AsyncClient() as plain:  # no session at all: sent to sign in
+        answer = await plain.post(url, data={"_csrf": "x"})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"
+
+
+async def test_a_step_output_holding_html_renders_as_text(env: Env) -> None:
+    """HTML in a step's output is shown as text: no element is made, no script runs, and
+    every page carries a strict Content-Security-Policy."""
+    run = await env.client.start_run("echo-html", None)
+    await env.client.wait_run(run["id"], timeout=20)
+    await env.sign_in()
+    page = env.page
+    answer = await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    csp = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    await page.click("tr.detail details.out summary")
+    assert HTML in await page.inner_text(".step-output")
+    assert await page.locator("#bold").count() == 0
+    assert await page.evaluate("window.pwned") is None
+
+
+async def test_pages_read_without_javascript(env: Env) -> None:
+    """With JavaScript off, signing in, the runs list and a run's page all work."""
+    run = await env.client.start_run("onboard", {"user": "nojs"})
+    await env.client.wait_run(run["id"], timeout=20)
+    context = await env.browser.new_context(java_script_enabled=False)
+    page = await context.new_page()
+    env.page = page
+    await env.sign_in()
+    assert run["id"][:8] in await page.inner_text("#rows")
+    for name in ("workflows", "apps", "schedules", "events", "keys"):
+        await page.click(f"nav >> text={name.title()}")
+        await page.wait_for_url(f"**/ui/{name}")
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert await page.inner_text("#run-status") == "completed"
+    await context.close()
+
+
+async def test_a_read_key_sees_no_action_and_the_server_refuses(env: Env) -> None:
+    """A read key's pages have no action buttons, and its posts (with a valid CSRF token) are
+    refused (403) and change nothing."""
+    run = await env.client.start_run("approve", None)
+    await env.until(run["id"], waiting_callback)
+    async with env.stack.orchestrator.pool.acquire() as conn:
+        reader = await keys.create_key(conn, "reader", role="read")
+    page = env.page
+    await page.goto(env.stack.url + "/ui/")
+    await page.fill("input[name=key]", reader)
+    await page.click("button:has-text('Sign in')")
+    await page.wait_for_url("**/ui/runs")
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert await page.inner_text("#run-status") == "running"
+    for action in ("cancel", "retry", "complete"):
+        assert await page.locator(f"form[action*='/{action}']").count() == 0, action
+    token = await page.get_attribute("input[name=_csrf]", "value")
+    assert token
+    answer = await page.request.post(
+        f"{env.stack.url}/ui/runs/{run['id']}/cancel", form={"_csrf": token}, max_redirects=0
+    )
+    assert answer.status == 403
+    assert (await env.client.get_run(run["id"]))["status"] == "running"
