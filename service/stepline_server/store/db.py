@@ -124,6 +124,7 @@ def is_transient(exc: BaseException) -> bool:
             OSError,  # ConnectionError included: refused, reset
             asyncpg.PostgresConnectionError,
             asyncpg.InterfaceError,  # the connection closed under the statement
+            asyncpg.InternalClientError,  # a connection left mid-exchange by the break
             asyncpg.CannotConnectNowError,
             asyncpg.OperatorInterventionError,  # admin shutdown, crash shutdown
         ),
