@@ -37,7 +37,7 @@ async def cut_connections(database_url: str, times: int, every: float) -> int:
 async def test_connections_cut_while_steps_run_take_no_lease_and_lose_nothing(
     database_url: str,
 ) -> None:
-    """Lease 1.5 s, steps of 2 s, every connection cut every 0.3 s for 2.4 s: each step runs
+    """Lease 2 s, steps of 2 s, every connection cut every 0.3 s for 2.4 s: each step runs
     once, every run completes with its output."""
     sl = stepline.Stepline("db-faults-secret")
     ran: Counter[str] = Counter()
@@ -53,7 +53,7 @@ async def test_connections_cut_while_steps_run_take_no_lease_and_lose_nothing(
         second = await ctx.step("second", slow, f"{input}-b")
         return [first, second]
 
-    async with orchestrator_stack(database_url, lease_seconds=1.5) as stack, app_server(sl) as url:
+    async with orchestrator_stack(database_url, lease_seconds=2.0) as stack, app_server(sl) as url:
         await stack.register(sl, url)
         started = [await stack.client.start_run("patient", n) for n in range(3)]
         assert await cut_connections(database_url, times=8, every=0.3) > 0
