@@ -38,4 +38,10 @@ async def run_json(
     callback with its URL when ``callback_url`` is given."""
     slug = await app_slug(conn, row)
     steps = await runs.steps(conn, row["id"]) if with_steps else None
-    return serialize.run(row, slug, steps, callback_url)
+    data = serialize.run(row, slug, steps, callback_url)
+    if with_steps:
+        counted = await runs.counters(conn, row["id"])
+        data["invocations"] = counted["invocations"]
+        data["deliveryFailures"] = counted["delivery_failures"]
+        data["stepsCompleted"] = counted["steps_completed"]
+    return data

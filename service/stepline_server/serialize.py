@@ -177,3 +177,20 @@ def key(row: Record, environment: str) -> dict[str, Any]:
         "prefix": row["prefix"],
         "createdAt": ts(row["created_at"]),
     }
+
+
+def invocation(row: Record) -> dict[str, Any]:
+    """One invocation of a run, from its history: how it ended (null while it runs) and, when
+    it did not succeed, why (``response``)."""
+    outcome = row["outcome"]
+    return {
+        "id": str(row["id"]) if row["id"] else None,
+        "attempt": row["attempt"],
+        "startedAt": ts(row["started_at"]),
+        "endedAt": ts(row["ended_at"]),
+        "durationMs": row["duration_ms"],
+        "outcome": outcome,
+        "httpStatus": row["http_status"],
+        "deploymentId": row["deployment_id"],
+        "response": row["error"] if outcome not in (None, "completed", "suspended") else None,
+    }

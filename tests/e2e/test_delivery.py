@@ -7,6 +7,8 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import httpx
+
 import stepline
 from tests.support import app_server, free_port, orchestrator_stack
 
@@ -96,3 +98,38 @@ async def test_a_workflow_sets_its_own_delivery_window(database_url: str) -> Non
         run = await stack.client.start_run("impatient", 1)
         done = await stack.client.wait_run(run["id"], timeout=30)
     assert done["status"] == "failed" and done["error"]["code"] == "app_unreachable", done
+
+
+async def test_a_runs_invocations_and_counters_tell_its_deliveries(database_url: str) -> None:
+    """GET /v1/runs/{id}/invocations lists each invocation with its outcome, status and
+    reason; the run counts its invocations, failed deliveries and completed steps."""
+    sl = stepline.Stepline("invocations-secret")
+
+    @sl.workflow("counted")
+    async def counted(ctx: stepline.Context, input: Any) -> Any:
+        await ctx.step("a", lambda: 1)
+        await ctx.sleep("nap", "10ms")
+        return await ctx.step("b", lambda: 2)
+
+    port = free_port()
+    async with orchestrator_stack(database_url) as stack:
+        async with app_server(sl, port) as url:
+            await stack.register(sl, url)
+        run = await stack.client.start_run("counted", None)
+        await asyncio.sleep(0.5)  # one delivery fails while the app is away
+        async with app_server(sl, port):
+            done = await stack.client.wait_run(run["id"], timeout=30)
+        async with httpx.AsyncClient(base_url=stack.url) as http:
+            answer = await http.get(
+                f"/v1/runs/{run['id']}/invocations",
+                headers={"authorization": f"Bearer {stack.api_key}"},
+            )
+    assert answer.status_code == 200
+    invocations = answer.json()["invocations"]
+    outcomes = [i["outcome"] for i in invocations]
+    assert outcomes[0] == "delivery_failed" and outcomes[-2:] == ["suspended", "completed"]
+    assert "could not reach the app" in invocations[0]["response"]
+    assert invocations[-1]["httpStatus"] == 200 and invocations[-1]["response"] is None
+    assert done["invocations"] == len(invocations)
+    assert done["deliveryFailures"] == outcomes.count("delivery_failed")
+    assert done["stepsCompleted"] == 3

@@ -244,3 +244,22 @@ async def list_events(request: Request) -> Response:
     rows = rows[:limit]
     nxt = pagination.encode([rows[-1]["seq"]]) if more else None
     return json_response({"events": [serialize.event(r) for r in rows], "nextCursor": nxt})
+
+
+async def list_invocations(request: Request) -> Response:
+    """``GET /v1/runs/{runId}/invocations``: the run's invocations in order, as the history
+    tells them (``after``/``cursor``: a history seq)."""
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    limit = pagination.limit_of(request)
+    cursor = pagination.decode(request, pagination.as_seq)
+    after = int(cursor[0]) if cursor else 0
+    async with orch(request).pool.acquire() as conn:
+        if await runs.get(conn, pid, run_id) is None:
+            raise NotFound(f"no run with id {run_id}")
+        rows = await runs.invocations(conn, pid, run_id, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    nxt = pagination.encode([rows[-1]["seq"]]) if more else None
+    items = [serialize.invocation(r) for r in rows]
+    return json_response({"invocations": items, "nextCursor": nxt})

@@ -943,3 +943,30 @@ SELECT pg_notify('stepline_wake', '');
 
 -- name: ping
 SELECT 1;
+
+-- name: run_invocations
+-- The invocations of run $1 (project $2) begun after history seq $3, in order, each with how
+-- it ended (from its invocation.ended event; none yet while it runs), at most $4.
+SELECT s.seq, s.invocation_id AS id, coalesce((s.data ->> 'attempt')::integer, 1) AS attempt,
+       s.at AS started_at, e.at AS ended_at, e.duration_ms, e.data ->> 'outcome' AS outcome,
+       e.http_status, coalesce(e.deployment_id, s.deployment_id) AS deployment_id,
+       e.data ->> 'error' AS error
+FROM run_events s
+LEFT JOIN LATERAL (
+    SELECT x.* FROM run_events x
+    WHERE x.run_id = s.run_id AND x.seq > s.seq AND x.type = 'invocation.ended'
+      AND x.invocation_id = s.invocation_id
+    ORDER BY x.seq LIMIT 1
+) e ON true
+WHERE s.run_id = $1 AND s.project_id = $2 AND s.type = 'invocation.started' AND s.seq > $3
+ORDER BY s.seq
+LIMIT $4;
+
+-- name: run_counters
+-- How often run $1 was invoked, how many of those could not be delivered, and its steps
+-- completed.
+SELECT count(*) FILTER (WHERE type = 'invocation.started') AS invocations,
+       count(*) FILTER (WHERE type = 'invocation.ended'
+                          AND data ->> 'outcome' = 'delivery_failed') AS delivery_failures,
+       (SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed') AS steps_completed
+FROM run_events WHERE run_id = $1;

@@ -135,3 +135,15 @@ async def events(
 ) -> list[Record]:
     """A run's history after ``seq`` ``after``."""
     return list(await conn.fetch(Q["list_events"], run_id, project_id, after, limit))
+
+
+async def invocations(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, after: int, limit: int
+) -> list[Record]:
+    """A run's invocations begun after history ``seq`` ``after``, each with how it ended."""
+    return list(await conn.fetch(Q["run_invocations"], run_id, project_id, after, limit))
+
+
+async def counters(conn: Conn, run_id: uuid.UUID) -> Record:
+    """How often a run was invoked, its failed deliveries and its completed steps."""
+    return await conn.fetchrow(Q["run_counters"], run_id)
