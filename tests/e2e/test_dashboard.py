@@ -273,3 +273,46 @@ async def test_a_read_key_sees_no_action_and_the_server_refuses(env: Env) -> Non
     )
     assert answer.status == 403
     assert (await env.client.get_run(run["id"]))["status"] == "running"
+
+
+async def test_an_admin_makes_and_revokes_a_key_from_the_keys_page(env: Env) -> None:
+    """On the keys page an admin makes a read key (shown once) that then works on the API, and
+    revokes it, after which the API refuses it."""
+    await env.sign_in()
+    page = env.page
+    await page.goto(env.stack.url + "/ui/keys")
+    await page.fill("input[name=name]", "viewer")
+    await page.select_option("select[name=role]", "read")
+    await page.click("button:has-text('Make key')")
+    await page.wait_for_url("**/ui/keys")
+    text = await page.inner_text("body")
+    key = next(word for word in text.split() if word.startswith("sl_"))
+    async with stepline.AsyncClient(env.stack.url, api_key=key) as reader:
+        assert "runs" in await reader.list_runs()
+        row = page.locator("tr", has_text="viewer")
+        await row.locator("button:has-text('Revoke')").click()
+        await page.wait_for_url("**/ui/keys")
+        assert await page.locator("tr", has_text="viewer").count() == 0
+        for _ in range(40):  # the orchestrator remembers a key for at most half a second
+            try:
+                await reader.list_runs()
+            except stepline.ApiError as exc:
+                assert exc.status == 401
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the revoked key still works")
+
+
+async def test_an_event_sent_from_the_events_page_is_taken(env: Env) -> None:
+    """The events page sends an event and says what it did."""
+    await env.sign_in()
+    page = env.page
+    await page.goto(env.stack.url + "/ui/events")
+    await page.fill("input[name=name]", "nobody.waits")
+    await page.fill("textarea[name=data]", '{"x": 1}')
+    await page.click("form[action='/ui/events'] button")
+    await page.wait_for_url("**/ui/events")
+    assert "Event nobody.waits sent: 0 waiting run(s) resumed, 0 started." in await page.inner_text(
+        "body"
+    )

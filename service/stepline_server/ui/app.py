@@ -80,6 +80,8 @@ def dashboard(state: State) -> ASGIApp:
         Route("/events", endpoint(s, admin.events_page)),
         Route("/events", endpoint(s, admin.send_event, **w), methods=["POST"]),
         Route("/keys", endpoint(s, admin.keys_page)),
+        Route("/keys", endpoint(s, admin.create_key, **w), methods=["POST"]),
+        Route("/keys/{keyId}/revoke", endpoint(s, admin.revoke_key, **w), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC)),
     ]
     return SecurityHeaders(Starlette(routes=routes))

@@ -11,7 +11,9 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from stepline_server import appsync, serialize
-from stepline_server.store import apps, schedules, waits
+from stepline_server.engine import access
+from stepline_server.store import apps, keys, schedules, waits
+from stepline_server.store.db import Record
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
 
@@ -89,14 +91,60 @@ async def send_event(r: Req) -> Response:
     except ValueError as exc:
         return r.back("/ui/events", f"Not sent: the data must be JSON ({exc}).")
     async with r.orch.pool.acquire() as conn:
-        matched = await waits.send_event(conn, uuid.uuid4(), r.pid, name, data)
-    if matched:
+        _, sent = await waits.send_event(conn, r.pid, name, data)
+    if sent.matched or sent.started:
         r.orch.dispatcher.wake()
-    return r.back("/ui/events", f"Event {name} sent: {len(matched)} waiting run(s) resumed.")
+    return r.back(
+        "/ui/events",
+        f"Event {name} sent: {len(sent.matched)} waiting run(s) resumed, "
+        f"{len(sent.started)} started.",
+    )
 
 
 async def keys_page(r: Req) -> Response:
     assert r.viewer is not None
     if not permissions.is_admin(r.viewer):
         return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
-    return r.page("keys.html", title="Keys")
+    async with r.orch.pool.acquire() as conn:
+        rows = await keys.environment_keys(conn, r.pid)
+    return r.page("keys.html", title="Keys", keys=[_key(k) for k in rows])
+
+
+def _key(row: Record) -> dict[str, object]:
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "role": row["role"],
+        "prefix": row["prefix"],
+        "createdAt": serialize.ts(row["created_at"]),
+    }
+
+
+async def create_key(r: Req) -> Response:
+    """An admin makes a key of this environment; it is shown once, on the next page."""
+    assert r.viewer is not None
+    if not permissions.is_admin(r.viewer):
+        return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
+    name = r.form.get("name", "").strip() or "dashboard"
+    role = r.form.get("role", "read")
+    if role not in access.ROLE_RANK or len(name) > 128:
+        return r.back("/ui/keys", "Not made: choose admin, write or read, and a shorter name.")
+    async with r.orch.pool.acquire() as conn:
+        _, key = await keys.insert_key(conn, name, r.pid, role)
+    return r.back(
+        "/ui/keys", f"Key {name} ({role}) made; copy it now, it is not shown again: {key}"
+    )
+
+
+async def revoke_key(r: Req) -> Response:
+    """An admin revokes a key of this environment: refused from then on, everywhere."""
+    assert r.viewer is not None
+    if not permissions.is_admin(r.viewer):
+        return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
+    try:
+        key_id = uuid.UUID(r.request.path_params["keyId"])
+    except ValueError:
+        return r.back("/ui/keys", "There is no such key.")
+    async with r.orch.pool.acquire() as conn:
+        done = await keys.revoke_key(conn, key_id, r.pid)
+    return r.back("/ui/keys", "Key revoked." if done else "There is no such key.")
