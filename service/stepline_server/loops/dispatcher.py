@@ -29,6 +29,7 @@ from stepline_server.store.db import Conn, Pool, Record
 log = structlog.get_logger("stepline.dispatcher")
 
 MAX_OUTPUT_BYTES = 1024 * 1024
+RELEASE_HELD_SECONDS = 2.0  # how often the heartbeat lets go held runs nobody released
 
 
 class Dispatcher:
@@ -279,26 +280,33 @@ class Dispatcher:
 
     async def heartbeat(self) -> None:
         """Extend the leases of invocations in flight, so only a dead orchestrator loses them.
-        A beat that fails (the database is away) is tried again soon, backing off to a second,
-        never a whole interval later: the loop never ends."""
+        The beats run on a connection of their own, so a beat never waits for a pool that
+        progress calls and long polls may have filled; a beat that fails (the database is
+        away) is tried again soon on another, backing off to a second: the loop never ends."""
         interval = max(0.2, self.settings.lease_seconds / 3)
         pause = Backoff(cap=min(1.0, interval))
         while True:
             try:
-                leases = list(self._inflight.items())
                 async with self.pool.acquire() as conn:
-                    if leases:
-                        await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
-                    pause.reset()
-                    # A run held while its cap looked full, released by nobody since (a race
-                    # with the invocation that freed the slot), goes now.
-                    await dispatch.release_held(conn)
+                    await self._beat_forever(conn, interval, pause)
             except Exception as exc:
                 log.warning("heartbeat_failed", error=str(exc), leases=len(self._inflight))
-                if pause.failures or db.is_transient(exc):
-                    await pause.wait()
-                    continue
-            await asyncio.sleep(interval)
+                await pause.wait()
+
+    async def _beat_forever(self, conn: Conn, interval: float, pause: Backoff) -> None:
+        released = 0.0
+        while True:
+            began = time.monotonic()
+            leases = list(self._inflight.items())
+            if leases:
+                await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+            pause.reset()
+            if began - released >= RELEASE_HELD_SECONDS:
+                # A run held while its cap looked full, released by nobody since (a race with
+                # the invocation that freed the slot), goes now.
+                released = began
+                await dispatch.release_held(conn)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
 
     async def _handle(
         self, claim: Mapping[str, Any], steps: list[Record], not_before: float = 0.0
