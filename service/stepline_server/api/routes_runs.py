@@ -76,7 +76,7 @@ async def start_run(request: Request) -> Response:
             if row["id"] != new.id:  # the run its key names, with the same workflow and input
                 return json_response(await run_json(conn, row), 200)
         slot.take(row)
-    o.metrics.inc("stepline_runs_started_total")
+    o.metrics.run_started(body.workflow, "api")
     return json_response(serialize.run(row, row["app_slug"], []), 201)
 
 

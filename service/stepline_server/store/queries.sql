@@ -177,9 +177,10 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 -- again, and a run past its time limit is claimed to be ended. A run is due when its ready_at
 -- has come, or comes within $4 seconds for a sleep of it that ends then (due_in says in how
 -- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
--- unless past their deadline.
+-- unless past their deadline. taken_over: the run still had a lease, run out (its
+-- orchestrator died or stalled).
 WITH due AS (
-    SELECT id, ready_at
+    SELECT id, ready_at, lease_token AS old_token
     FROM runs
     WHERE ready_at <= now() + make_interval(secs => $4::double precision)
       AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
@@ -208,6 +209,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
+          due.old_token IS NOT NULL AS taken_over,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -250,7 +252,7 @@ cand AS (
      ORDER BY created_at, id LIMIT $6)
 ),
 go AS (
-    SELECT r.id FROM runs r
+    SELECT r.id, r.lease_token AS old_token FROM runs r
     WHERE r.id IN (SELECT id FROM cand ORDER BY created_at, id
                    LIMIT least($6::integer, (SELECT room FROM busy)))
     FOR UPDATE SKIP LOCKED
@@ -279,6 +281,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           0::double precision AS due_in,
+          go.old_token IS NOT NULL AS taken_over,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -294,6 +297,13 @@ WHERE r.id IN (
              AND ready_at > now())
 )
 RETURNING r.id;
+
+-- name: due_backlog
+-- Runs due now that no invocation has taken (a run out lease included), and how many seconds
+-- the oldest has waited.
+SELECT count(*) AS n,
+       coalesce(extract(epoch FROM now() - min(ready_at)), 0)::double precision AS oldest_s
+FROM runs WHERE ready_at <= now();
 
 -- name: next_due_in
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
@@ -323,7 +333,8 @@ FROM held WHERE r.id = held.id;
 -- row per step of every run begun, in the order the steps were first recorded (a run begun with
 -- no steps: one row whose name is null); wait_s says in how many seconds the last sleep settled
 -- ends: the app must not be called before; blocked marks a retrying step whose next attempt is
--- not due when the app is called. (Only sleeps are settled ahead: nothing from outside can end
+-- not due when the app is called; late_s, for a timer this statement settled (a sleep's end,
+-- a wait's timeout), how many seconds ago it was due (negative: claimed ahead). (Only sleeps are settled ahead: nothing from outside can end
 -- one sooner, while a callback or an event may still come before a wait's timeout.) The runs
 -- are locked in id order, as every statement that locks several runs does.
 WITH q AS (
@@ -405,7 +416,11 @@ SELECT q.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.posi
             ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
        END AS callback_status,
        coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
-       extract(epoch FROM starts.at - now())::double precision AS wait_s
+       extract(epoch FROM starts.at - now())::double precision AS wait_s,
+       CASE WHEN rv.name IS NOT NULL
+            THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping' THEN s.wake_at
+                                                 ELSE s.timeout_at END)::double precision
+       END AS late_s
 FROM held q
 JOIN starts ON starts.run_id = q.run_id
 LEFT JOIN steps s ON s.run_id = q.run_id
