@@ -28,7 +28,6 @@ check: install
 # The image built with podman, the compose file and the Kubernetes manifests validated
 # (deploy/check.sh says which tools it needs).
 deploy-check: install
-	$(BIN)/python -m pip install -q --disable-pip-version-check 'kubernetes-validate>=1.30'
 	BIN=$(BIN) deploy/check.sh
 
 bench: install

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from stepline.protocol import DescribeResponse, ScheduleSpec
+from stepline_server import tracing
 from stepline_server.engine import schedules as schedule_rules
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
@@ -56,6 +57,7 @@ class Orchestrator:
         self.metrics = Metrics()
 
     async def start(self) -> None:
+        tracing.configure()
         conn = await db.connect(self.dsn)
         try:
             await apply_migrations(conn)

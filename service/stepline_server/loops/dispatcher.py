@@ -14,6 +14,7 @@ import orjson
 import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
+from stepline_server import tracing
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
@@ -338,6 +339,7 @@ class Dispatcher:
                 )
             if ended:
                 self.metrics.run_ended(claim["workflow"], rules.RunStatus.TIMED_OUT.value)
+                tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
             log.info("run_timed_out")
             return
         attempt = claim["invoke_attempts"] + 1
@@ -356,7 +358,10 @@ class Dispatcher:
         )
         for due in self._timers.pop(run_id, ()):
             self.metrics.timer_late(time.monotonic() - due)
-        result = await self.caller.invoke(claim["app_url"], list(claim["app_secrets"]), body)
+        with tracing.invocation(run_id, claim["workflow"], attempt) as trace_headers:
+            result = await self.caller.invoke(
+                claim["app_url"], list(claim["app_secrets"]), body, trace_headers
+            )
         plan: Plan | None = None
         outcome: dispatch.Outcome
         if result.ok:
@@ -390,6 +395,7 @@ class Dispatcher:
         self.metrics.invocation_ended(outcome.status, outcome.duration_ms)
         if ok and outcome.status in _RUN_ENDS:
             self.metrics.run_ended(claim["workflow"], outcome.status)
+            tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
         log.info(
             "invocation_ended",
             outcome=outcome.status,

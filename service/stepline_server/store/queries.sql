@@ -209,7 +209,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
-          due.old_token IS NOT NULL AS taken_over,
+          due.old_token IS NOT NULL AS taken_over, r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -281,7 +281,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           0::double precision AS due_in,
-          go.old_token IS NOT NULL AS taken_over,
+          go.old_token IS NOT NULL AS taken_over, r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
