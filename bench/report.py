@@ -51,7 +51,7 @@ def details(row: JSON) -> str:
                 )
     elif name == "fill":
         parts.append(f"{x.get('ended', 0):,} ended + {x.get('sleeping', 0):,} asleep added")
-        parts.append(f"db {x.get('db_size')}")
+        parts.append(f"db {x.get('db_size')}, vacuumed in {x.get('vacuum_s')} s")
         for workload, ratio in (x.get("after_vs_empty") or {}).items():
             parts.append(f"{workload} x{ratio['steps_per_s']} steps/s x{ratio['p50_ms']} p50")
         for query, scans in (x.get("plans") or {}).items():
