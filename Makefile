@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos
+.PHONY: install dev test check bench chaos deploy-check
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The image built with podman, the compose file and the Kubernetes manifests validated
+# (deploy/check.sh says which tools it needs).
+deploy-check: install
+	BIN=$(BIN) deploy/check.sh
 
 bench: install
 	$(BIN)/python -m bench

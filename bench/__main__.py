@@ -9,7 +9,7 @@ from pathlib import Path
 import uvloop
 
 from bench import report
-from bench.runner import QUICK, WORKLOADS, Config, run
+from bench.runner import DEFAULT_WORKLOADS, QUICK, WORKLOADS, Config, run
 
 
 def _ints(text: str) -> list[int]:
@@ -25,8 +25,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workloads",
-        default=",".join(WORKLOADS),
-        help=f"comma-separated, from {','.join(WORKLOADS)} [all]",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)} [all but scale]",
     )
     p.add_argument(
         "--runs", type=int, help=f"R: concurrent runs of steps, sleep, callback [{d.runs}]"
@@ -49,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-runs", type=int, help=f"sleeping runs in `idle` [{d.idle_runs}]")
     p.add_argument(
         "--idle-window", type=float, help=f"seconds `idle` measures them [{d.idle_window:g}]"
+    )
+    p.add_argument("--scale-ended", type=int, help=f"ended runs `scale` adds [{d.scale_ended:,}]")
+    p.add_argument(
+        "--scale-sleeping", type=int, help=f"sleeping runs `scale` adds [{d.scale_sleeping:,}]"
     )
     p.add_argument("--timeout", type=float, help=f"bound of each workload in s [{d.timeout:g}]")
     p.add_argument(
@@ -92,6 +96,8 @@ def config_from(args: argparse.Namespace) -> Config:
         "idle_runs",
         "idle_window",
         "timeout",
+        "scale_ended",
+        "scale_sleeping",
     ):
         value = getattr(args, key)
         if value is not None:

@@ -24,7 +24,7 @@ def _q(summary: JSON | None, *labels: str) -> str:
 def details(row: JSON) -> str:
     """The workload's own figures, compactly."""
     x: JSON = row.get("extra") or {}
-    name = row["workload"]
+    name = row["workload"].split("@")[0]  # scale's rows: the workload @ the database
     parts: list[str] = []
     if name == "steps-1":
         parts.append(f"client p50/p95 {_q(x.get('client_latency_ms'), 'p50', 'p95')} ms")
@@ -49,6 +49,14 @@ def details(row: JSON) -> str:
                     f"per-step x{growth['bytes_per_step_ratio']} B, x{growth['ms_per_step_ratio']} "
                     f"time vs {key.removeprefix('growth_vs_').replace('_', '-')}"
                 )
+    elif name == "fill":
+        parts.append(f"{x.get('ended', 0):,} ended + {x.get('sleeping', 0):,} asleep added")
+        parts.append(f"db {x.get('db_size')}, vacuumed in {x.get('vacuum_s')} s")
+        for workload, ratio in (x.get("after_vs_empty") or {}).items():
+            parts.append(f"{workload} x{ratio['steps_per_s']} steps/s x{ratio['p50_ms']} p50")
+        for query, scans in (x.get("plans") or {}).items():
+            seq = [s for s in scans if s.startswith("Seq Scan")]
+            parts.append(f"{query}: {'; '.join(seq) if seq else 'index scans only'}")
     elif name == "idle":
         per_min = x.get("cpu_s_per_min") or {}
         rss = x.get("rss_mb_end") or {}

@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import stepline
-from bench import procs, workloads
+from bench import procs, scale, workloads
 from bench.procs import ROOT, Monitor, Service
 
-WORKLOADS = ("steps", "keyed", "fanout", "sleep", "callback", "long", "idle")
+WORKLOADS = ("steps", "keyed", "fanout", "sleep", "callback", "long", "idle", "scale")
+DEFAULT_WORKLOADS = WORKLOADS[:-1]  # scale fills the database: only when asked for
 
 
 @dataclass
 class Config:
     """Sizes and options of one benchmark run (the defaults are the published figures)."""
 
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     runs: int = 200
     steps: int = 10
     latency_repeats: int = 10
@@ -48,6 +49,8 @@ class Config:
     log_level: str = "info"
     workers: int = 1
     keep_logs: bool = False
+    scale_ended: int = 1_000_000
+    scale_sleeping: int = 100_000
 
 
 QUICK = {
@@ -84,7 +87,7 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-async def _workloads(bench: workloads.Bench, config: Config) -> list[workloads.Result]:
+async def _workloads(bench: workloads.Bench, config: Config, dsn: str) -> list[workloads.Result]:
     chosen = set(config.workloads)
     results: list[workloads.Result] = []
     if "steps" in chosen:
@@ -102,6 +105,16 @@ async def _workloads(bench: workloads.Bench, config: Config) -> list[workloads.R
         results += await workloads.long(bench, config.long)
     if "idle" in chosen:
         results += await workloads.idle(bench, config.idle_runs, config.idle_window)
+    if "scale" in chosen:
+        results += await scale.scale(
+            bench,
+            dsn,
+            config.runs,
+            config.steps,
+            config.sleep_ms,
+            config.scale_ended,
+            config.scale_sleeping,
+        )
     return results
 
 
@@ -187,7 +200,7 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
             try:
                 await workloads.warmup(bench)
                 started = time.monotonic()
-                results = await _workloads(bench, config)
+                results = await _workloads(bench, config, db.dsn)
                 say(f"workloads took {time.monotonic() - started:.1f} s")
             finally:
                 await bench.aclose()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pydantic
 
-from stepline import _json, protocol
+from stepline import _json, _tracing, protocol
 from stepline._context import Context, _Op
 from stepline._durations import to_ms
 from stepline._errors import (
@@ -48,9 +48,14 @@ class Invocation:
     """One invocation of one run: replay, run what is new, answer."""
 
     def __init__(
-        self, definition: WorkflowDef, request: protocol.InvokeRequest, sender: ProgressSender
+        self,
+        definition: WorkflowDef,
+        request: protocol.InvokeRequest,
+        sender: ProgressSender,
+        traceparent: str | None = None,
     ) -> None:
         self.definition = definition
+        self.traceparent = traceparent  # W3C trace context the invocation came with
         self.request = request
         self.sender = sender
         self.ctx = Context(request, definition)
@@ -172,13 +177,15 @@ class Invocation:
         """Run one step attempt and buffer its outcome: complete, retry or fail."""
         assert op.call is not None and op.future is not None
         fn, args, kwargs = op.call
+        span = _tracing.step_span(self.traceparent, self.request.run_id, op.name, op.update.attempt)
         try:
-            if inspect.iscoroutinefunction(fn):
-                result = await fn(*args, **kwargs)
-            else:
-                result = await asyncio.to_thread(fn, *args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+            with span:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:
+                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                    if inspect.isawaitable(result):
+                        result = await result
         except Exception as exc:
             self._step_raised(op, exc)
             return

@@ -110,7 +110,7 @@ class Handler:
                 f"workflow {request.workflow!r} is not registered in this app",
             )
         try:
-            response = await self.stepline.invoke(request)
+            response = await self.stepline.invoke(request, _header(scope, b"traceparent"))
         except OrchestratorUnavailable as exc:
             raise _Reject(503, "orchestrator_unavailable", str(exc)) from None
         return 200, protocol.dump(response)

@@ -245,8 +245,11 @@ class Stepline:
 
         return Handler(self)
 
-    async def invoke(self, request: protocol.InvokeRequest) -> protocol.InvokeResponse:
-        """Run one invocation (replay, then continue) and return its answer.
+    async def invoke(
+        self, request: protocol.InvokeRequest, traceparent: str | None = None
+    ) -> protocol.InvokeResponse:
+        """Run one invocation (replay, then continue) and return its answer; its steps' spans
+        nest under ``traceparent`` (W3C) when the app uses OpenTelemetry.
 
         Raises ``LookupError`` for an unknown workflow and
         :class:`stepline._transport.OrchestratorUnavailable` when progress calls keep failing.
@@ -256,7 +259,7 @@ class Stepline:
         definition = self._workflows.get(request.workflow)
         if definition is None:
             raise LookupError(f"workflow {request.workflow!r} is not registered in this app")
-        response = await Invocation(definition, request, self.transport).run()
+        response = await Invocation(definition, request, self.transport, traceparent).run()
         response.deployment_id = self.deployment_id
         return response
 

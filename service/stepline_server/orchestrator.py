@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from stepline.protocol import DescribeResponse, ScheduleSpec
+from stepline_server import tracing
 from stepline_server.engine import schedules as schedule_rules
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
@@ -55,6 +57,7 @@ class Orchestrator:
         self.metrics = Metrics()
 
     async def start(self) -> None:
+        tracing.configure()
         conn = await db.connect(self.dsn)
         try:
             await apply_migrations(conn)
@@ -80,11 +83,14 @@ class Orchestrator:
             self.batcher,
             self.metrics,
         )
-        self.scheduler = Scheduler(self.pool, self.settings, on_started=self.dispatcher.wake)
+        self.scheduler = Scheduler(
+            self.pool, self.settings, on_started=self.dispatcher.wake, metrics=self.metrics
+        )
         if self.run_loops:
             self.supervisor.add("dispatcher", self.dispatcher.run)
             self.supervisor.add("scheduler", self.scheduler.run)
             self.supervisor.add("heartbeat", self.dispatcher.heartbeat)
+            self.supervisor.add("metrics", self._sample_forever)
             self.supervisor.add(
                 "sweeper", lambda: sweeper.sweep(self.pool, self.settings.retention_days)
             )
@@ -98,6 +104,20 @@ class Orchestrator:
                 ),
             )
             self.supervisor.start()
+
+    def sample(self) -> None:
+        """Set this process's gauges (in flight, pool use) as they are now."""
+        pool = self.pool
+        self.metrics.sample_process(
+            self.dispatcher.inflight, pool.get_size(), pool.get_idle_size(), pool.get_max_size()
+        )
+
+    async def _sample_forever(self, interval: float = 2.0) -> None:
+        """Keep the gauges fresh between scrapes: with ``--workers``, a scrape is answered by
+        one worker and reads the others' gauges as they last set them."""
+        while True:
+            self.sample()
+            await asyncio.sleep(interval)
 
     async def after_sync(self, conn: db.Conn, app: db.Record, described: DescribeResponse) -> None:
         """Register what a sync found beyond workflows (schedules declared in code).

@@ -81,6 +81,7 @@ def run(
     started, scheduled = row["started_at"], row["scheduled_at"]
     data: dict[str, Any] = {
         "id": str(row["id"]),
+        "traceId": row["id"].hex,  # the run's OpenTelemetry trace id (see tracing.py)
         "workflow": row["workflow"],
         "app": app_slug,
         "status": row["status"],

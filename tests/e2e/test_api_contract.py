@@ -206,6 +206,6 @@ async def test_history_lists_invocations_and_steps_in_order(database_url: str) -
         assert [e["seq"] for e in later["events"]] == [7, 8]
         async with httpx.AsyncClient(base_url=stack.url) as http:
             metrics = (await http.get("/metrics")).text
-        assert 'stepline_invocations_total{outcome="completed"} 1' in metrics
-        assert "stepline_runs_started_total 1" in metrics
-        assert "stepline_progress_calls_total 3" in metrics  # two calls and the answer
+        assert 'stepline_invocations_total{outcome="completed"} 1.0' in metrics
+        assert 'stepline_runs_started_total{trigger="api",workflow="two"} 1.0' in metrics
+        assert "stepline_progress_calls_total 3.0" in metrics  # two calls and the answer

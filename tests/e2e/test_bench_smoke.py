@@ -69,3 +69,26 @@ def test_every_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -
     assert rows["long-20"]["extra"]["bytes_to_app"] > rows["long-10"]["extra"]["bytes_to_app"]
     assert rows["idle"]["extra"]["sleeping_runs"] == 20
     assert "orchestrator" in rows["idle"]["extra"]["cpu_s_per_min"]
+
+
+@pytest.mark.slow
+def test_the_scale_workload_runs_before_and_after_filling_the_database(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`--workloads scale` at a tiny size: the core workloads on the database as it was and
+    after the fill, every run completed, and the claim reads runs through an index."""
+    out = tmp_path / "scale.json"
+    argv = [sys.executable, "-m", "bench", "--workloads=scale", "--runs=5", "--steps=3",
+            "--sleep-ms=200", "--scale-ended=3000", "--scale-sleeping=300", "--timeout=60",
+            "--log-level=warning", f"--database-url={database_url}", f"--json={out}"]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    rows = {row["workload"]: row for row in json.loads(out.read_text())["workloads"]}
+    core = ["steps", "steps-1", "sleep", "callback"]
+    assert set(rows) == {f"{w}@{db}" for w in core for db in ("empty", "3k+300")} | {"fill"}
+    for name, row in rows.items():
+        assert row["runs_completed"] == row["runs_attempted"] > 0, name
+    fill = rows["fill"]["extra"]
+    assert fill["ended"] == 3000 and fill["sleeping"] == 300
+    assert not any(s.startswith("Seq Scan on runs") for s in fill["plans"]["claim_due"])
+    assert set(fill["after_vs_empty"]) == set(core)

@@ -46,6 +46,8 @@ def _workers(serve: subprocess.Popen[bytes]) -> list[psutil.Process]:
 
 
 async def test_two_workers_share_the_work_and_stop_together(database_url: str) -> None:
+    """Two workers run 30 runs' steps once each, their metrics add up, a killed one comes
+    back, and SIGTERM stops both."""
     env = {**os.environ, "DATABASE_URL": database_url, "STEPLINE_LOG_LEVEL": "warning"}
     done = subprocess.run(
         [sys.executable, "-m", "stepline_server.cli.main", "keys", "create"],
@@ -92,6 +94,12 @@ async def test_two_workers_share_the_work_and_stop_together(database_url: str) -
         assert [r["output"] for r in ended] == [[n * 10, n * 10 + 1, n * 10 + 2]
                                                  for n in range(30)]  # fmt: skip
         assert set(calls.values()) == {1} and len(calls) == 90
+        # Whichever worker answers, /metrics adds up both workers' counts.
+        async with httpx.AsyncClient() as http:
+            for _ in range(4):
+                text = (await http.get(url + "/metrics")).text
+                assert 'stepline_runs_started_total{trigger="api",workflow="three"} 30.0' in text
+                assert 'stepline_runs_ended_total{status="completed",workflow="three"} 30.0' in text
         # A worker that dies is started again.
         child.kill()
         for _ in range(100):

@@ -125,7 +125,7 @@ async def test_sweeper_deletes_runs_past_retention_and_old_events(database_url: 
             uuid.uuid4(),
             keys.DEFAULT_PROJECT,
         )
-        assert await sweeper.sweep_once(pool, retention_days=30) == (1, 1)
+        assert await sweeper.sweep_once(pool, retention_days=30) == sweeper.Swept(1, 1, 0, 0)
         left = {r["id"] for r in await conn.fetch("SELECT id FROM runs")}
         assert left == {recent, running}
         assert await conn.fetchval("SELECT count(*) FROM run_events WHERE run_id = $1", old) == 0

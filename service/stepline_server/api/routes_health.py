@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from stepline_server.api.context import orch
 from stepline_server.api.responses import json_response
+from stepline_server.metrics import CONTENT_TYPE, Sample
+from stepline_server.store import dispatch
 from stepline_server.store.db import Q
 
 
@@ -25,11 +27,10 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     o = orch(request)
-    gauges = {
-        "stepline_invocations_inflight": (
-            "Invocations this orchestrator is running.",
-            float(o.dispatcher.inflight),
-        ),
-        "stepline_pool_connections": ("Database connections in the pool.", o.pool.get_size()),
-    }
-    return PlainTextResponse(o.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+    o.sample()
+    try:
+        async with o.pool.acquire(timeout=2) as conn:
+            sample = Sample(*await dispatch.backlog(conn))
+    except Exception:
+        sample = Sample(-1, -1.0)  # the database did not answer: the scrape still works
+    return Response(o.metrics.render(sample), media_type=CONTENT_TYPE)

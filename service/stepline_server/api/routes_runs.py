@@ -77,7 +77,7 @@ async def start_run(request: Request) -> Response:
                     answer["deduplicated"] = True
                 return json_response(answer, 200)
         slot.take(row)
-    o.metrics.inc("stepline_runs_started_total")
+    o.metrics.run_started(body.workflow, "api")
     return json_response(serialize.run(row, row["app_slug"], []), 201)
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from stepline_server import logs
+from stepline_server import logs, multiproc
 from stepline_server.cli import operate, tenancy
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         if args.command == "serve":
-            _run(_serve(settings))
+            with multiproc.folder(settings.workers):  # before prometheus-client is imported
+                _run(_serve(settings))
         elif args.command == "migrate":
             _run(_migrate(settings))
         elif args.command in ("projects", "environments", "keys"):

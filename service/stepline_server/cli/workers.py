@@ -20,6 +20,8 @@ import sys
 
 import structlog
 
+from stepline_server import multiproc
+
 log = structlog.get_logger("stepline.workers")
 
 LISTEN_FD = "STEPLINE_LISTEN_FD"  # set in a worker's environment: the inherited socket
@@ -78,6 +80,7 @@ class Children:
                 code = proc.poll()
                 if code is not None:
                     log.warning("worker_exited", pid=proc.pid, code=code)
+                    multiproc.worker_exited(proc.pid)
                     self.procs[i] = self._start_one()
 
     async def stop(self, grace: float = 30.0) -> None:

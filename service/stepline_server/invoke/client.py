@@ -76,9 +76,16 @@ class AppCaller:
             raise _http.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
         return response.status_code, response.content, response.headers.get("retry-after")
 
-    async def invoke(self, url: str, secrets: list[str], body: dict[str, Any]) -> CallResult:
-        """POST a signed invocation; parse an :class:`InvokeResponse`."""
-        return await self._call(url, secrets, body, InvokeResponse)
+    async def invoke(
+        self,
+        url: str,
+        secrets: list[str],
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> CallResult:
+        """POST a signed invocation (with extra ``headers``: trace context); parse an
+        :class:`InvokeResponse`."""
+        return await self._call(url, secrets, body, InvokeResponse, extra=headers)
 
     async def describe(self, url: str, secrets: list[str]) -> CallResult:
         """Ask the app which workflows it hosts, giving up after the describe timeout (a sync
@@ -94,9 +101,11 @@ class AppCaller:
         body: dict[str, Any],
         model: type[BaseModel],
         timeout: float | None = None,
+        extra: dict[str, str] | None = None,
     ) -> CallResult:
         payload = orjson.dumps(body)
         headers = {
+            **(extra or {}),
             "content-type": "application/json",
             SIGNATURE_HEADER: sign(payload, secrets[0]),
         }

@@ -51,7 +51,11 @@ class ProgressBatcher:
         if item.plan.needs_transaction:
             async with self.pool.acquire() as conn:
                 done = await dispatch.apply_plan(conn, item)
-            self.metrics.inc("stepline_progress_calls_total")
+            self.metrics.progress_committed(1, grouped=False)
+            if done is not None:
+                self._observe([item])
+                for child in item.plan.children:
+                    self.metrics.run_started(child.workflow, "invoke")
             return done
         if not self._queue and self._flushing < self.max_flushes:
             return await self._alone(item)  # nothing to group it with: no task, no hand-off
@@ -73,9 +77,15 @@ class ProgressBatcher:
     async def _commit(self, items: list[dispatch.Progress]) -> dict[uuid.UUID, dispatch.Committed]:
         async with self.pool.acquire() as conn:
             done = await dispatch.commit(conn, items)
-        self.metrics.inc("stepline_progress_commits_total")
-        self.metrics.inc("stepline_progress_calls_total", by=len(items))
+        self.metrics.progress_committed(len(items))
+        self._observe([item for item in items if item.run_id in done])
         return done
+
+    def _observe(self, items: list[dispatch.Progress]) -> None:
+        """Time the steps these committed items started or ended."""
+        for item in items:
+            changes = item.plan.changes
+            self.metrics.steps_changed(item.run_id, [(c.name, c.kind, c.status) for c in changes])
 
     def _kick(self) -> None:
         while self._queue and self._flushing < self.max_flushes:

@@ -14,6 +14,7 @@ import orjson
 import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
+from stepline_server import tracing
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
@@ -30,6 +31,7 @@ log = structlog.get_logger("stepline.dispatcher")
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 RELEASE_HELD_SECONDS = 2.0  # how often the heartbeat lets go held runs nobody released
+_RUN_ENDS = frozenset({"completed", "failed", "cancelled"})  # outcomes that end the run
 
 
 class Dispatcher:
@@ -60,6 +62,7 @@ class Dispatcher:
         # before this monotonic time.
         self._not_before: dict[uuid.UUID, float] = {}
         self._early = 0  # of those, how many wait for their time now: they take no room
+        self._timers: dict[uuid.UUID, list[float]] = {}  # due times (monotonic) of timers settled
         self._beginning = False
         self._told = 0.0
         self._running = False  # runs are leased to this dispatcher only while it runs
@@ -153,6 +156,7 @@ class Dispatcher:
                     self.settings.timer_lead_seconds,
                 )
                 if claimed:
+                    self.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
                     for row in claimed:
                         self._inflight[row["id"]] = row["lease_token"]
                         if row["due_in"] > 0:
@@ -256,6 +260,8 @@ class Dispatcher:
                 log.info("begin_stale", run_id=str(row["id"]))
                 continue
             run_steps = steps.get(row["id"], [])
+            timers = [asked - s["late_s"] for s in run_steps if s["late_s"] is not None]
+            self._timers[row["id"]] = timers  # how late each fired is measured at the call
             not_before = self._not_before.pop(row["id"], 0.0)
             if run_steps and run_steps[0]["wait_s"] > 0:
                 not_before = max(not_before, asked + run_steps[0]["wait_s"])
@@ -319,6 +325,7 @@ class Dispatcher:
             log.exception("invocation_crashed")
         finally:
             self._inflight.pop(run_id, None)
+            self._timers.pop(run_id, None)
             if (claim["options"] or {}).get("concurrency"):
                 await self._release_held(claim)
             structlog.contextvars.unbind_contextvars("run_id")
@@ -338,7 +345,12 @@ class Dispatcher:
                     "code": "timed_out",
                     "message": "the run went past its time limit",
                 }
-                await dispatch.end_run(conn, run_id, token, rules.RunStatus.TIMED_OUT, None, error)
+                ended = await dispatch.end_run(
+                    conn, run_id, token, rules.RunStatus.TIMED_OUT, None, error
+                )
+            if ended:
+                self.metrics.run_ended(claim["workflow"], rules.RunStatus.TIMED_OUT.value)
+                tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
             log.info("run_timed_out")
             return
         attempt = claim["invoke_attempts"] + 1
@@ -355,7 +367,12 @@ class Dispatcher:
         body = invoke_body(
             claim, steps, attempt=attempt, api_url=self.settings.base_url, signer=self.signer
         )
-        result = await self.caller.invoke(claim["app_url"], list(claim["app_secrets"]), body)
+        for due in self._timers.pop(run_id, ()):
+            self.metrics.timer_late(time.monotonic() - due)
+        with tracing.invocation(run_id, claim["workflow"], attempt) as trace_headers:
+            result = await self.caller.invoke(
+                claim["app_url"], list(claim["app_secrets"]), body, trace_headers
+            )
         plan: Plan | None = None
         outcome: dispatch.Outcome
         if result.ok:
@@ -386,7 +403,10 @@ class Dispatcher:
                 result.retry_after,
             )
         ok = await self._finish(run_id, token, invocation_id, plan or Plan(), outcome)
-        self.metrics.inc("stepline_invocations_total", outcome.status)
+        self.metrics.invocation_ended(outcome.status, outcome.duration_ms)
+        if ok and outcome.status in _RUN_ENDS:
+            self.metrics.run_ended(claim["workflow"], outcome.status)
+            tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
         log.info(
             "invocation_ended",
             outcome=outcome.status,
@@ -445,7 +465,7 @@ class Dispatcher:
             cap_ms=int(self.settings.delivery_backoff_max_seconds * 1000),
         )
         if decision.retry:
-            self.metrics.inc("stepline_delivery_failures_total")
+            self.metrics.delivery_failed()
         return dispatch.Outcome(
             status="delivery_failed" if decision.retry else "failed",
             error=decision.error,

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
+from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
 from stepline_server.store import db, schedules
 
@@ -32,7 +33,9 @@ class Scheduler:
         *,
         on_started: Callable[[], None] | None = None,
         cap: int = MISFIRE_CAP,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics or Metrics()
         self._pool = pool
         self._poll = settings.scheduler_poll_seconds
         self._grace = timedelta(seconds=settings.misfire_grace_seconds)
@@ -58,7 +61,8 @@ class Scheduler:
                 continue
             if fired is None:
                 break
-            started += fired[1]
+            started += fired[2]
+            self._metrics.run_started(fired[1], "schedule", fired[2])
         if started:
             log.info("schedule_ticks_fired", runs=started)
             if self._on_started is not None:

@@ -1,31 +1,64 @@
-"""The sweeper: deletes what is kept only for a while (events after a day, ended runs after
-``STEPLINE_RETENTION_DAYS``)."""
+"""The sweeper: deletes what is kept only for a while, in batches (events after a day; ended
+runs, schedule ticks and the old history of long-lived runs after ``STEPLINE_RETENTION_DAYS``).
+
+Every batch is its own statement (and transaction) and goes through an index, so a sweep costs
+what it deletes and never holds locks long; sweepers of several orchestrators pass over each
+other's rows (``SKIP LOCKED``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import structlog
 
 from stepline_server.store import waits
-from stepline_server.store.db import Pool
+from stepline_server.store.db import Conn, Pool
 
 log = structlog.get_logger("stepline.sweeper")
 
 EVENT_RETENTION_SECONDS = 86_400.0
 
 
-async def sweep_once(pool: Pool, retention_days: float) -> tuple[int, int]:
-    """Delete old events and, in batches, runs ended longer ago than the retention."""
+class Swept(NamedTuple):
+    """What one sweep deleted."""
+
+    events: int
+    runs: int
+    ticks: int
+    history: int
+
+
+async def _batches(delete: Callable[[], Awaitable[int]]) -> int:
+    """Run ``delete`` until a batch deletes nothing; how many it deleted in all."""
+    total = 0
+    while (batch := await delete()) > 0:
+        total += batch
+        await asyncio.sleep(0)  # let the loops run between batches
+    return total
+
+
+async def sweep_once(pool: Pool, retention_days: float) -> Swept:
+    """Delete old events and, when runs are not kept for ever, what is older than the
+    retention: ended runs (with their steps, callbacks and history), schedule ticks, and the
+    history of runs still going."""
     async with pool.acquire() as conn:
-        events = await waits.delete_old_events(conn, EVENT_RETENTION_SECONDS)
-        runs = 0
+        events = await _batches(lambda: waits.delete_old_events(conn, EVENT_RETENTION_SECONDS))
+        swept = Swept(events, 0, 0, 0)
         if retention_days > 0:
-            while (batch := await waits.delete_old_runs(conn, retention_days * 86_400)) > 0:
-                runs += batch
-    if events or runs:
-        log.info("swept", events=events, runs=runs)
-    return events, runs
+            swept = Swept(events, *await _retained(conn, retention_days * 86_400))
+    if any(swept):
+        log.info("swept", **swept._asdict())
+    return swept
+
+
+async def _retained(conn: Conn, seconds: float) -> tuple[int, int, int]:
+    runs = await _batches(lambda: waits.delete_old_runs(conn, seconds))
+    ticks = await _batches(lambda: waits.delete_old_ticks(conn, seconds))
+    history = await _batches(lambda: waits.delete_old_history(conn, seconds))
+    return runs, ticks, history
 
 
 async def sweep(pool: Pool, retention_days: float, *, interval: float = 60.0) -> None:

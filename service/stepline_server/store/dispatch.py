@@ -84,6 +84,13 @@ async def next_due_in(conn: Conn) -> float | None:
     return float(value) if value is not None else None
 
 
+async def backlog(conn: Conn) -> tuple[int, float]:
+    """Runs due now and not yet invoked, and how many seconds the oldest has been due."""
+    row = await conn.fetchrow(Q["due_backlog"])
+    assert row is not None
+    return int(row["n"]), float(row["oldest_s"])
+
+
 async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float) -> None:
     """Extend the leases of invocations still in flight."""
     if leases:

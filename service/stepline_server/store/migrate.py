@@ -28,7 +28,8 @@ _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # The first 8 bytes of sha256(b"stepline_migrations"), as a signed bigint.
 _LOCK_KEY = -1737815417872889171
 
-_LOCK = "SELECT pg_advisory_xact_lock($1)"
+_LOCK = "SELECT pg_advisory_lock($1)"
+_UNLOCK = "SELECT pg_advisory_unlock($1)"
 _CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS stepline_migrations (
     version integer PRIMARY KEY,
@@ -70,17 +71,22 @@ def _version(path: Path) -> int:
 async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
     """Apply the migrations ``conn``'s database lacks, in order; return their names.
 
-    ``conn`` must not be inside a transaction: each migration commits on its own.
+    ``conn`` must not be inside a transaction: each migration commits on its own. One lock is
+    held over them all, so a process migrating beside another waits until every migration is
+    in rather than going on with a schema half migrated.
     """
     applied: list[str] = []
-    for path in migration_files():
-        version, name = _version(path), path.stem
-        async with conn.transaction():
-            await conn.execute(_LOCK, _LOCK_KEY)
-            await conn.execute(_CREATE_TABLE)
-            if await conn.fetchval(_IS_APPLIED, version):
-                continue
-            await conn.execute(path.read_text(encoding="utf-8"))
-            await conn.execute(_RECORD, version, name)
-        applied.append(name)
+    await conn.execute(_LOCK, _LOCK_KEY)
+    try:
+        for path in migration_files():
+            version, name = _version(path), path.stem
+            async with conn.transaction():
+                await conn.execute(_CREATE_TABLE)
+                if await conn.fetchval(_IS_APPLIED, version):
+                    continue
+                await conn.execute(path.read_text(encoding="utf-8"))
+                await conn.execute(_RECORD, version, name)
+            applied.append(name)
+    finally:
+        await conn.execute(_UNLOCK, _LOCK_KEY)
     return applied

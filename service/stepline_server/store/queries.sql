@@ -237,9 +237,10 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 -- again, and a run past its time limit is claimed to be ended. A run is due when its ready_at
 -- has come, or comes within $4 seconds for a sleep of it that ends then (due_in says in how
 -- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
--- unless past their deadline.
+-- unless past their deadline. taken_over: the run still had a lease, run out (its
+-- orchestrator died or stalled).
 WITH due AS (
-    SELECT id, ready_at
+    SELECT id, ready_at, lease_token AS old_token
     FROM runs
     WHERE ready_at <= now() + make_interval(secs => $4::double precision)
       AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
@@ -269,6 +270,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           r.concurrency_key,
           greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
+          due.old_token IS NOT NULL AS taken_over, r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -317,7 +319,7 @@ cand AS (
      ORDER BY created_at, id LIMIT $6)
 ),
 go AS (
-    SELECT r.id FROM runs r
+    SELECT r.id, r.lease_token AS old_token FROM runs r
     WHERE r.id IN (SELECT id FROM cand ORDER BY created_at, id
                    LIMIT least($6::integer, (SELECT room FROM busy)))
     FOR UPDATE SKIP LOCKED
@@ -348,6 +350,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
           r.concurrency_key, 0::double precision AS due_in,
+          go.old_token IS NOT NULL AS taken_over, r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -366,6 +369,13 @@ WHERE r.id IN (
              AND lease_token IS NOT NULL AND ready_at > now())
 )
 RETURNING r.id;
+
+-- name: due_backlog
+-- Runs due now that no invocation has taken (a run out lease included), and how many seconds
+-- the oldest has waited.
+SELECT count(*) AS n,
+       coalesce(extract(epoch FROM now() - min(ready_at)), 0)::double precision AS oldest_s
+FROM runs WHERE ready_at <= now();
 
 -- name: next_due_in
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
@@ -395,7 +405,8 @@ FROM held WHERE r.id = held.id;
 -- row per step of every run begun, in the order the steps were first recorded (a run begun with
 -- no steps: one row whose name is null); wait_s says in how many seconds the last sleep settled
 -- ends: the app must not be called before; blocked marks a retrying step whose next attempt is
--- not due when the app is called. (Only sleeps are settled ahead: nothing from outside can end
+-- not due when the app is called; late_s, for a timer this statement settled (a sleep's end,
+-- a wait's timeout), how many seconds ago it was due (negative: claimed ahead). (Only sleeps are settled ahead: nothing from outside can end
 -- one sooner, while a callback or an event may still come before a wait's timeout.) The runs
 -- are locked in id order, as every statement that locks several runs does.
 WITH q AS (
@@ -477,7 +488,11 @@ SELECT q.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.posi
             ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
        END AS callback_status,
        coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
-       extract(epoch FROM starts.at - now())::double precision AS wait_s
+       extract(epoch FROM starts.at - now())::double precision AS wait_s,
+       CASE WHEN rv.name IS NOT NULL
+            THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping' THEN s.wake_at
+                                                 ELSE s.timeout_at END)::double precision
+       END AS late_s
 FROM held q
 JOIN starts ON starts.run_id = q.run_id
 LEFT JOIN steps s ON s.run_id = q.run_id
@@ -859,16 +874,51 @@ WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
 RETURNING s.name;
 
 -- name: delete_old_runs
--- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history.
+-- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history
+-- (each cascade goes through an index). Rows another sweeper is deleting are passed over.
 DELETE FROM runs WHERE id IN (
     SELECT id FROM runs
     WHERE ended_at < now() - make_interval(secs => $1::double precision)
     ORDER BY ended_at
     LIMIT $2
+    FOR UPDATE SKIP LOCKED
 );
 
 -- name: delete_old_events
-DELETE FROM events WHERE received_at < now() - make_interval(secs => $1::double precision);
+-- Up to $2 events received more than $1 seconds ago.
+DELETE FROM events WHERE id IN (
+    SELECT id FROM events
+    WHERE received_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY received_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: delete_old_ticks
+-- Up to $2 schedule ticks recorded more than $1 seconds ago (a tick before its schedule's
+-- cursor is never planned again, so its record is no longer needed to fire it once).
+DELETE FROM schedule_ticks t USING (
+    SELECT schedule_id, tick_at FROM schedule_ticks
+    WHERE created_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) old
+WHERE t.schedule_id = old.schedule_id AND t.tick_at = old.tick_at;
+
+-- name: delete_old_history
+-- Up to $2 history events older than $1 seconds of runs still going after that long (long-lived
+-- runs): their steps stay, so replay is unchanged; the history starts later.
+DELETE FROM run_events e USING (
+    SELECT ev.run_id, ev.seq
+    FROM runs r JOIN run_events ev ON ev.run_id = r.id
+    WHERE r.ended_at IS NULL
+      AND r.created_at < now() - make_interval(secs => $1::double precision)
+      AND ev.at < now() - make_interval(secs => $1::double precision)
+    LIMIT $2
+    FOR UPDATE OF ev SKIP LOCKED
+) old
+WHERE e.run_id = old.run_id AND e.seq = old.seq;
 
 -- name: insert_event
 -- Records event $1 (project $2, name $3, data $4, the sender's id $5 or NULL); no row when an

@@ -166,15 +166,16 @@ async def trigger(
 
 async def fire_due(
     conn: Conn, now: datetime, grace: timedelta, cap: int, exclude: Sequence[str] = ()
-) -> tuple[str, int] | None:
-    """Plan and fire the due ticks of one due schedule not in ``exclude``: its id and the runs
-    started; None when none is due (or every due one is held by another scheduler)."""
+) -> tuple[str, str, int] | None:
+    """Plan and fire the due ticks of one due schedule not in ``exclude``: its id, its workflow
+    and the runs started; None when none is due (or every due one is held by another
+    scheduler)."""
     async with conn.transaction():
         row = await conn.fetchrow(Q["claim_due_schedule"], now, list(exclude))
         if row is None:
             return None
         try:
-            return row["id"], await _fire(conn, row, now, grace, cap)
+            return row["id"], row["workflow"], await _fire(conn, row, now, grace, cap)
         except Exception as exc:
             raise TickFailed(row["id"]) from exc
 

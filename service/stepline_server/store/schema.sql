@@ -240,3 +240,9 @@ CREATE TABLE schedule_ticks (
     PRIMARY KEY (schedule_id, tick_at)
 );
 COMMENT ON TABLE schedule_ticks IS 'One row per planned tick: the primary key makes each tick fire at most once.';
+
+-- Retention (0004): an index for every cascade from a deleted run and every sweep.
+CREATE INDEX callbacks_run ON callbacks (run_id);
+CREATE INDEX events_received ON events (received_at);
+CREATE INDEX schedule_ticks_created ON schedule_ticks (created_at);
+CREATE INDEX runs_active_created ON runs (created_at) WHERE ended_at IS NULL;

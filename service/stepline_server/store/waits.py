@@ -171,13 +171,26 @@ async def retry(
         return await dispatch.restart(conn, run_id, position, from_step)
 
 
-async def delete_old_events(conn: Conn, older_than_seconds: float) -> int:
-    """Delete events received more than ``older_than_seconds`` ago; return how many."""
-    status = await conn.execute(Q["delete_old_events"], older_than_seconds)
+async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
+    """Delete up to ``limit`` events received more than ``older_than_seconds`` ago; how many."""
+    status = await conn.execute(Q["delete_old_events"], older_than_seconds, limit)
     return int(status.split()[-1])
 
 
-async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 1000) -> int:
+async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 500) -> int:
     """Delete up to ``limit`` runs that ended more than ``older_than_seconds`` ago."""
     status = await conn.execute(Q["delete_old_runs"], older_than_seconds, limit)
+    return int(status.split()[-1])
+
+
+async def delete_old_ticks(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
+    """Delete up to ``limit`` schedule ticks recorded more than ``older_than_seconds`` ago."""
+    status = await conn.execute(Q["delete_old_ticks"], older_than_seconds, limit)
+    return int(status.split()[-1])
+
+
+async def delete_old_history(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
+    """Delete up to ``limit`` history events older than ``older_than_seconds`` of runs still
+    going after that long."""
+    status = await conn.execute(Q["delete_old_history"], older_than_seconds, limit)
     return int(status.split()[-1])

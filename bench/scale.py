@@ -1,0 +1,158 @@
+"""The ``scale`` workload: ``steps``, ``sleep`` and ``callback`` on the database as it is, then
+again after filling it with ended runs (3 steps and 7 history events each) and sleeping runs by
+set-based inserts (then vacuumed and analysed); and the plans of the claim and begin statements
+on the full database."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+
+from bench import workloads
+from bench.workloads import Bench, Result
+from stepline_server.store.db import Q
+
+# A fresh table of ids, then each table filled from it in one statement.
+_IDS = """
+CREATE TEMP TABLE fill_ids ON COMMIT DROP AS
+SELECT gen_random_uuid() AS id, g FROM generate_series(1, $1::int) g"""
+_ENDED_RUNS = """
+INSERT INTO runs (id, project_id, app_id, workflow, status, input, output, created_at,
+                  started_at, ended_at, version, next_seq)
+SELECT id, $1, $2, 'steps', 'completed', '{"n": 3}', '3',
+       now() - (g * interval '1 second') - interval '1 second',
+       now() - (g * interval '1 second') - interval '1 second', now() - (g * interval '1 second'),
+       2, 8
+FROM fill_ids"""
+_ENDED_STEPS = """
+INSERT INTO steps (run_id, name, project_id, kind, status, position, output, ended_at)
+SELECT f.id, 's' || k, $1, 'run', 'completed', 2 + 2 * k, to_jsonb(k), now()
+FROM fill_ids f CROSS JOIN generate_series(1, 3) k"""
+_ENDED_EVENTS = """
+INSERT INTO run_events (run_id, seq, project_id, type, step_name)
+SELECT f.id, k, $1,
+       (ARRAY['run.started', 'invocation.started', 'step.started', 'step.completed',
+              'step.completed', 'invocation.ended', 'run.completed'])[k],
+       CASE WHEN k IN (3, 4, 5) THEN 's1' END
+FROM fill_ids f CROSS JOIN generate_series(1, 7) k"""
+_SLEEPING_RUNS = """
+INSERT INTO runs (id, project_id, app_id, workflow, status, input, created_at, started_at,
+                  ready_at, next_seq)
+SELECT id, $1, $2, 'idle', 'running', '{"ms": 3600000}', now(), now(),
+       now() + interval '1 hour' + g * interval '10 ms', 5
+FROM fill_ids"""
+_SLEEPING_STEPS = """
+INSERT INTO steps (run_id, name, project_id, kind, status, position, wake_at)
+SELECT f.id, 'nap', $1, 'sleep', 'sleeping', 3, now() + interval '1 hour' + f.g * interval '10 ms'
+FROM fill_ids f"""
+_SLEEPING_EVENTS = """
+INSERT INTO run_events (run_id, seq, project_id, type, step_name)
+SELECT f.id, k, $1,
+       (ARRAY['run.started', 'invocation.started', 'step.sleeping', 'invocation.ended'])[k],
+       CASE WHEN k = 3 THEN 'nap' END
+FROM fill_ids f CROSS JOIN generate_series(1, 4) k"""
+
+
+async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
+    """Add ``ended`` ended runs and ``sleeping`` sleeping ones for the newest app; analyse."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        app = await conn.fetchrow(
+            "SELECT id, project_id FROM apps ORDER BY created_at DESC LIMIT 1"
+        )
+        t0 = time.monotonic()
+        batches = [
+            (ended, (_ENDED_RUNS, _ENDED_STEPS, _ENDED_EVENTS)),
+            (sleeping, (_SLEEPING_RUNS, _SLEEPING_STEPS, _SLEEPING_EVENTS)),
+        ]
+        for n, statements in batches:
+            if n <= 0:
+                continue
+            async with conn.transaction():
+                await conn.execute(_IDS, n)
+                await conn.execute(statements[0], app["project_id"], app["id"])
+                for sql in statements[1:]:
+                    await conn.execute(sql, app["project_id"])
+        took = time.monotonic() - t0
+        # A database that grew over months has long been vacuumed: so is this one before the
+        # workloads, or autovacuum of the new rows would be what they measure.
+        t1 = time.monotonic()
+        await conn.execute("VACUUM (ANALYZE) runs, steps, run_events, callbacks")
+        vacuum = time.monotonic() - t1
+        size = await conn.fetchval("SELECT pg_size_pretty(pg_database_size(current_database()))")
+        plans = {name: await _plan(conn, name, args) for name, args in _PLANNED.items()}
+    finally:
+        await conn.close()
+    return {"ended": ended, "sleeping": sleeping, "fill_s": round(took, 1),
+            "vacuum_s": round(vacuum, 1), "db_size": size, "plans": plans}  # fmt: skip
+
+
+# Each statement of the run loop's claim and begin, with arguments of a typical call.
+_PLANNED: dict[str, tuple[Any, ...]] = {
+    "claim_due": (64, "explain", 20.0, 0.05),
+    "next_due_in": (),
+    "due_backlog": (),
+    "begin_invocations": ("[]", 0.05),
+}
+
+
+async def _plan(conn: asyncpg.Connection, name: str, args: tuple[Any, ...]) -> list[str]:
+    """How the statement reads its tables: the scan nodes of its plan, in order."""
+    async with conn.transaction():
+        await conn.execute(f"PREPARE p AS {Q[name]}")
+        try:
+            values = ", ".join(_literal(a) for a in args)
+            rows = await conn.fetch(f"EXPLAIN EXECUTE p{f'({values})' if args else ''}")
+        finally:
+            await conn.execute("DEALLOCATE p")
+        lines = [r[0] for r in rows]
+    scans = [
+        line.strip().removeprefix("->").strip().split("  (")[0]
+        for line in lines
+        if " Scan " in line or line.strip().startswith(("Seq Scan", "Index", "Bitmap"))
+    ]
+    return list(dict.fromkeys(scans))
+
+
+def _literal(value: Any) -> str:
+    return f"'{value}'" if isinstance(value, str) else str(value)
+
+
+async def scale(bench: Bench, dsn: str, runs: int, steps: int, sleep_ms: int, ended: int,
+                sleeping: int) -> list[Result]:  # fmt: skip
+    """The core workloads before and after the fill, each row named for its database."""
+    before = await _core(bench, runs, steps, sleep_ms)
+    filled = await fill(dsn, ended, sleeping)
+    after = await _core(bench, runs, steps, sleep_ms)
+    label = f"@{_short(ended)}+{_short(sleeping)}"
+    rows = [replace(r, name=r.name + "@empty") for r in before]
+    rows += [replace(r, name=r.name + label) for r in after]
+    by_name = {r.name: r for r in rows}
+    ratios = {}
+    for r in before:
+        a, b = by_name[r.name + "@empty"].as_json(), by_name[r.name + label].as_json()
+        p50_a, p50_b = a["latency_ms"]["p50"] or 0, b["latency_ms"]["p50"] or 0
+        ratios[r.name] = {
+            "steps_per_s": round(b["steps_per_s"] / max(a["steps_per_s"], 1e-9), 2),
+            "p50_ms": round(p50_b / max(p50_a, 1e-9), 2),
+        }
+    rows.append(Result("fill", ended + sleeping, ended + sleeping, filled["fill_s"], 0, [],
+                       extra={**filled, "after_vs_empty": ratios}))  # fmt: skip
+    return rows
+
+
+async def _core(bench: Bench, runs: int, steps: int, sleep_ms: int) -> list[Result]:
+    results = await workloads.steps(bench, runs, steps)
+    results += await workloads.latency(bench, 10, steps)
+    results += await workloads.sleep(bench, runs, sleep_ms)
+    results += await workloads.callback(bench, runs)
+    return results
+
+
+def _short(n: int) -> str:
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)

@@ -1,0 +1,142 @@
+"""``/metrics`` after real runs: counters by workflow and status, histograms that move."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+import stepline
+from tests.support import Stack, app_server, orchestrator_stack
+
+
+async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``url``/metrics by (name, sorted labels)."""
+    async with httpx.AsyncClient() as http:
+        response = await http.get(url + "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    """The sample ``name`` with exactly ``labels`` (0 when absent)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def make_app() -> stepline.Stepline:
+    sl = stepline.Stepline("secret-metrics")
+
+    @sl.workflow("nap")
+    async def nap(ctx: stepline.Context, n: int) -> int:
+        a = await ctx.step("a", lambda: n)
+        await ctx.sleep("rest", "200ms")
+        return await ctx.step("b", lambda: a + 1)  # type: ignore[no-any-return]
+
+    @sl.workflow("boom")
+    async def boom(ctx: stepline.Context, n: int) -> int:
+        raise stepline.TerminalError("no")
+
+    @sl.workflow("hold")
+    async def hold(ctx: stepline.Context, n: int) -> Any:
+        cb = await ctx.callback("cb")
+        return await cb.wait()
+
+    return sl
+
+
+async def _until(stack: Stack, check: Any, timeout: float = 15.0) -> dict[Any, float]:
+    """Scrape until ``check(samples)`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        samples = await scrape(stack.url)
+        if check(samples) or asyncio.get_running_loop().time() > deadline:
+            return samples
+        await asyncio.sleep(0.1)
+
+
+async def test_metrics_count_runs_steps_invocations_and_timers(database_url: str) -> None:
+    """Real runs move the run counters (by workflow and status), the step, invocation and
+    timer-lateness histograms, the group-commit sizes, and the pool and backlog gauges."""
+    sl = make_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        naps = [await stack.client.start_run("nap", n) for n in range(3)]
+        fails = await stack.client.start_run("boom", 0)
+        for run in [*naps, fails]:
+            await stack.client.wait_run(run["id"], timeout=20)
+        s = await _until(stack, lambda s: value(s, "stepline_timer_lateness_seconds_count") >= 3)
+    assert value(s, "stepline_runs_started_total", workflow="nap", trigger="api") == 3
+    assert value(s, "stepline_runs_started_total", workflow="boom", trigger="api") == 1
+    assert value(s, "stepline_runs_ended_total", workflow="nap", status="completed") == 3
+    assert value(s, "stepline_runs_ended_total", workflow="boom", status="failed") == 1
+    # Each nap suspends at its sleep and completes on its second invocation.
+    assert value(s, "stepline_invocations_total", outcome="suspended") == 3
+    assert value(s, "stepline_invocation_duration_seconds_count", outcome="completed") == 3
+    assert value(s, "stepline_invocation_duration_seconds_sum", outcome="completed") > 0
+    assert value(s, "stepline_step_duration_seconds_count", kind="run", status="completed") == 6
+    late = value(s, "stepline_timer_lateness_seconds_count")
+    assert late == 3
+    assert value(s, "stepline_timer_lateness_seconds_bucket", le="+Inf") == late
+    assert value(s, "stepline_group_commit_size_count") >= 1
+    assert value(s, "stepline_progress_calls_total") >= 6
+    assert value(s, "stepline_pool_connections") >= 1
+    assert value(s, "stepline_pool_connections_max") == 20
+    assert value(s, "stepline_runs_due") == 0
+    assert ("stepline_runs_due_oldest_seconds", ()) in s
+
+
+async def test_metrics_count_lease_takeovers_and_the_backlog(database_url: str) -> None:
+    """A run whose lease ran out is claimed again and counted as taken over; runs due but not
+    invoked show in the backlog gauge."""
+    sl = make_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        run = await stack.client.start_run("hold", 0)
+        conn = await stack.conn()
+        try:
+            for _ in range(200):  # until it suspends at its callback
+                row = await conn.fetchrow("SELECT lease_token FROM runs WHERE id = $1", run["id"])
+                if row is not None and row["lease_token"] is None:
+                    break
+                await asyncio.sleep(0.05)
+            stack.orchestrator.dispatcher.settings = stack.orchestrator.settings.with_(
+                max_inflight=0
+            )  # claims nothing, so the backlog stays
+            await conn.execute(
+                "UPDATE runs SET lease_token = 'dead', lease_owner = 'gone',"
+                " ready_at = now() - interval '5 seconds' WHERE id = $1",
+                run["id"],
+            )
+            s = await scrape(stack.url)
+            assert value(s, "stepline_runs_due") == 1
+            assert value(s, "stepline_runs_due_oldest_seconds") >= 5
+            stack.orchestrator.dispatcher.settings = stack.orchestrator.settings
+            stack.orchestrator.dispatcher.wake()
+            s = await _until(
+                stack, lambda s: value(s, "stepline_invocations_total", outcome="suspended") >= 2
+            )
+        finally:
+            await conn.close()
+    assert value(s, "stepline_lease_takeovers_total") == 1
+    assert value(s, "stepline_invocations_total", outcome="suspended") == 2
+
+
+async def test_metrics_count_delivery_failures(database_url: str) -> None:
+    """An app that cannot be reached counts delivery failures."""
+    sl = make_app()
+    async with orchestrator_stack(database_url) as stack:
+        async with app_server(sl) as url:
+            await stack.register(sl, url)
+        await stack.client.start_run("nap", 0)  # the app is gone now
+        s = await _until(
+            stack, lambda s: value(s, "stepline_invocations_total", outcome="delivery_failed")
+        )
+    assert value(s, "stepline_delivery_failures_total") >= 1
+    assert value(s, "stepline_invocations_total", outcome="delivery_failed") >= 1
