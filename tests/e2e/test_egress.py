@@ -260,3 +260,21 @@ async def test_the_sdk_json_error_is_quoted_briefly(database_url: str) -> None:
         message = (await http.post(f"/v1/apps/{slug}/sync")).json()["error"]["message"]
         quoted = message.split("HTTP 418: ", 1)[1]
         assert quoted.startswith("teapot: mmm") and len(quoted) == 200
+
+
+async def test_a_described_workflow_name_is_quoted_briefly(database_url: str) -> None:
+    """A describe answer naming an invalid workflow of 5,000 characters is refused with at most
+    64 of them quoted."""
+    calls: Counter[str] = Counter()
+    name = "x" * 5000 + "!"
+    body = json.dumps({"workflows": [{"name": name}]}).encode()
+    async with (
+        orchestrator_stack(database_url) as stack,
+        serve(internal_service(calls, status=200, body=body)) as url,
+        _http(stack) as http,
+    ):
+        slug = await _store(stack, "long", f"{url}/")
+        synced = await http.post(f"/v1/apps/{slug}/sync")
+        assert synced.status_code == 502, synced.text
+        message = synced.json()["error"]["message"]
+        assert "invalid name" in message and len(message) < 300

@@ -1,9 +1,10 @@
 """Calls into apps over HTTP: signed ``invoke`` and ``describe`` requests, and their answers.
 
 Invocations go through the SDK's lean keep-alive client (:mod:`stepline._http`, far cheaper per
-request than httpx); a given httpx transport replaces it, so tests can call an app in process.
-Every connection is made to an address the egress rules allow (:mod:`.resolve`), redirects are
-followed within the same origin only, and an answer over :data:`MAX_ANSWER_BYTES` is cut off.
+request than httpx); a given httpx transport replaces it, so tests can call an app in process
+(and with it the network, so the egress rules do not apply to it). Every connection is made to
+an address the egress rules allow (:mod:`.resolve`), redirects are followed within the same
+origin only, and an answer over :data:`MAX_ANSWER_BYTES` is cut off.
 What an app answered is quoted back only when it is the SDK's own JSON error, and briefly: an
 app's URL may point at a service whose answers must not reach the caller.
 """

@@ -14,6 +14,9 @@ from urllib.parse import urlsplit
 from stepline import _http
 from stepline_server.engine.egress import Egress, IPAddress, as_address
 
+RESOLVE_SECONDS = 10.0
+"""How long a registration waits for DNS (a call's own timeout bounds it otherwise)."""
+
 
 class Resolver:
     """Resolves app hosts and refuses the addresses the egress rules do not allow."""
@@ -56,7 +59,10 @@ class Resolver:
         if not host:
             return "the URL needs a host"
         try:
-            await self.connect_address(host, 0)
+            async with asyncio.timeout(RESOLVE_SECONDS):
+                await self.connect_address(host, 0)
         except _http.HttpError as exc:
             return str(exc)
+        except TimeoutError:
+            return f"the host {host} could not be resolved in time"
         return None
