@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos deploy-check
+.PHONY: install dev test check bench chaos deploy-check fuzz
 
 install: $(STAMP)
 
@@ -46,3 +46,13 @@ else
 	$(BIN)/python -m tests.chaos --stress $(CHAOS_ARGS) || status=1; \
 	exit $$status
 endif
+
+# Schemathesis over every operation of openapi.yaml against a live orchestrator on loopback, with
+# an admin key and without one (`make test` runs the same at 3 examples per operation). Deeper
+# here: FUZZ_EXAMPLES per operation, at most FUZZ_SECONDS per run, FUZZ_SEED for another draw.
+FUZZ_EXAMPLES ?= 100
+FUZZ_SECONDS ?= 900
+FUZZ_SEED ?= 1
+fuzz: install
+	STEPLINE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) STEPLINE_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	STEPLINE_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest -q -s tests/e2e/test_schemathesis.py

@@ -20,6 +20,7 @@ import asyncio
 import ssl
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -34,10 +35,16 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods that change nothing on the server: a lost answer may be asked for again."""
 
 Origin = tuple[str, str, int]
+Resolve = Callable[[str, int], Awaitable[str]]
+"""Given a host and a port, the address to connect to (or :class:`HttpError` refusing it)."""
 
 
 class HttpError(Exception):
     """The request could not be sent or its answer not read (connection, protocol, timeout)."""
+
+
+class TooLarge(HttpError):
+    """The answer's body is longer than the client's ``max_body``; the rest was not read."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,29 @@ class _Conn:
 
 
 class HttpClient:
-    """POSTs over pooled keep-alive connections, one pool per origin."""
+    """POSTs over pooled keep-alive connections, one pool per origin.
 
-    def __init__(self, *, timeout: float = 30.0, max_idle: int = 64) -> None:
+    Three options guard a caller that talks to hosts it does not trust: ``resolve`` picks (and
+    may refuse) the address each new connection is made to, which is then connected to with
+    the URL's host in the Host header and TLS's server name, so the address checked is the one
+    used; ``max_body`` cuts off an answer longer than that many bytes (:class:`TooLarge`,
+    without reading the rest); ``same_origin_redirects`` follows a redirect only to the same
+    scheme, host and port."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 30.0,
+        max_idle: int = 64,
+        resolve: Resolve | None = None,
+        max_body: int | None = None,
+        same_origin_redirects: bool = False,
+    ) -> None:
         self.timeout = timeout
         self.max_idle = max_idle
+        self.resolve = resolve
+        self.max_body = max_body
+        self.same_origin_redirects = same_origin_redirects
         self._idle: dict[Origin, list[_Conn]] = defaultdict(list)
         self._ssl: ssl.SSLContext | None = None
 
@@ -116,7 +141,10 @@ class HttpClient:
                     location = response.headers.get("location")
                     if not (follow_redirects and response.status in _REDIRECTS and location):
                         return response
-                    url = urljoin(url, location)
+                    target = urljoin(url, location)
+                    if self.same_origin_redirects and _origin(target) != _origin(url):
+                        raise HttpError("a redirect to another origin was not followed")
+                    url = target
                 raise HttpError(f"too many redirects (last to {url})")
         except TimeoutError:
             raise HttpError("timed out") from None
@@ -166,8 +194,14 @@ class HttpClient:
         context = None
         if scheme == "https":
             context = self._ssl = self._ssl or ssl.create_default_context()
+        address = host if self.resolve is None else await self.resolve(host, port)
         try:
-            reader, writer = await asyncio.open_connection(host, port, ssl=context)
+            if context is None:
+                reader, writer = await asyncio.open_connection(address, port)
+            else:  # the name the certificate must carry: the URL's host, not the address
+                reader, writer = await asyncio.open_connection(
+                    address, port, ssl=context, server_hostname=host
+                )
         except OSError as exc:
             raise HttpError(f"could not connect to {host}:{port}: {exc}") from None
         return _Conn(reader, writer)
@@ -180,14 +214,18 @@ class HttpClient:
             while head[9:10] == b"1":  # 1xx: an interim answer, the real one follows
                 head = await conn.reader.readuntil(b"\r\n\r\n")
             status, headers, keep = _parse_head(head)
+            limit = self.max_body
             if status in (204, 304) or request.startswith(b"HEAD "):
                 body = b""
             elif "content-length" in headers:
-                body = await conn.reader.readexactly(int(headers["content-length"]))
+                length = int(headers["content-length"])
+                if limit is not None and length > limit:
+                    raise _too_large(limit)
+                body = await conn.reader.readexactly(length)
             elif "chunked" in headers.get("transfer-encoding", ""):
-                body = await _read_chunked(conn.reader)
+                body = await _read_chunked(conn.reader, limit)
             else:
-                body, keep = await conn.reader.read(), False
+                body, keep = await _read_to_end(conn.reader, limit), False
             ok = keep
             return Response(status, headers, body)
         finally:
@@ -242,11 +280,42 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
     return status, headers, keep
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+def _origin(url: str) -> Origin:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = 443 if parts.scheme == "https" else 80
+    return (parts.scheme, (parts.hostname or "").lower(), port or default)
+
+
+def _too_large(limit: int) -> TooLarge:
+    return TooLarge(f"the answer is longer than {limit} bytes; cut off")
+
+
+async def _read_to_end(reader: asyncio.StreamReader, limit: int | None) -> bytes:
+    if limit is None:
+        return await reader.read()
     chunks: list[bytes] = []
+    total = 0
+    while chunk := await reader.read(min(65536, limit + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(limit)
+    return b"".join(chunks)
+
+
+async def _read_chunked(reader: asyncio.StreamReader, limit: int | None = None) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
     while True:
         size_line = await reader.readuntil(b"\r\n")
         size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+        total += size
+        if limit is not None and total > limit:
+            raise _too_large(limit)
         if size == 0:
             while (await reader.readuntil(b"\r\n")) != b"\r\n":
                 pass  # trailers

@@ -40,7 +40,7 @@ async def sync(o: Orchestrator, row: Record) -> Synced:
     workflows = []
     for wf in described.workflows:
         if not _NAME.fullmatch(wf.name):
-            raise SyncFailed(f"the app described a workflow with an invalid name {wf.name!r}")
+            raise SyncFailed(f"the app described a workflow with an invalid name {wf.name[:64]!r}")
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
         workflows.append((wf.name, options))
     async with o.pool.acquire() as conn, conn.transaction():

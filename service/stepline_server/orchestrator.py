@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from stepline.protocol import DescribeResponse, ScheduleSpec
 from stepline_server import tracing
 from stepline_server.engine import schedules as schedule_rules
+from stepline_server.engine.egress import Egress
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener, sweeper
@@ -73,6 +74,7 @@ class Orchestrator:
             describe_timeout=self.settings.describe_timeout_seconds,
             max_connections=self.settings.max_inflight,
             transport=self._app_transport,
+            egress=Egress.of(self.settings.app_networks),
         )
         self.dispatcher = Dispatcher(
             self.pool,

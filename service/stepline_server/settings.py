@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepline._durations import to_ms
+from stepline_server.engine.egress import parse_networks
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
             e.get("STEPLINE_MISFIRE_GRACE_SECONDS", s.misfire_grace_seconds)
         ),
         auth_failure_limit=int(e.get("STEPLINE_AUTH_FAILURE_LIMIT", s.auth_failure_limit)),
-        app_networks=tuple(
-            n.strip() for n in e.get("STEPLINE_APP_NETWORKS", "").split(",") if n.strip()
-        ),
+        app_networks=_networks(e.get("STEPLINE_APP_NETWORKS", "")),
     )
+
+
+def _networks(raw: str) -> tuple[str, ...]:
+    """``STEPLINE_APP_NETWORKS``: CIDRs separated by commas or spaces; ValueError for a bad one."""
+    values = tuple(n for n in raw.replace(",", " ").split() if n)
+    parse_networks(values)
+    return values
 
 
 def _seconds(raw: str | None, default: float) -> float:

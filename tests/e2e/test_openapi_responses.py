@@ -64,7 +64,7 @@ async def call(stack: Stack, method: str, path: str, template: str, **kw: Any) -
 
 async def test_answers_match_the_contract(database_url: str) -> None:
     """Apps, workflows, runs, history, callbacks, events, schedules and errors answer as
-    documented."""
+    documented (a callback body that cannot be stored is a documented 422)."""
     sl = stepline.Stepline("contract")
 
     @sl.workflow("wf")
@@ -90,6 +90,9 @@ async def test_answers_match_the_contract(database_url: str) -> None:
             waiting = await stack.client.get_run(run["id"])
         cb_id = next(s["callbackId"] for s in waiting["steps"] if s.get("callbackId"))
         await call(stack, "GET", f"/v1/callbacks/{cb_id}", "/v1/callbacks/{callbackId}")
+        await call(
+            stack, "POST", f"/v1/callbacks/{cb_id}", "/v1/callbacks/{callbackId}", json="\x00"
+        )  # 422: a body that cannot be stored
         await call(
             stack, "POST", f"/v1/callbacks/{cb_id}", "/v1/callbacks/{callbackId}", json={"ok": True}
         )

@@ -12,7 +12,8 @@ from tests.support import orchestrator_stack
 
 async def test_bad_progress_calls_get_clear_json_errors(database_url: str) -> None:
     """Each bad progress call gets its own code in the error shape; a token the orchestrator
-    made answers stale, a wrong one 401 before the body is read."""
+    made answers stale, a wrong one 401 before the body is read, and so does any token on a
+    path whose invocation id is not a UUID (no token is made for it; the contract has no 404)."""
     async with orchestrator_stack(database_url) as stack:
         invocation = str(uuid.uuid4())
         path = f"/v1/invocations/{invocation}/progress"
@@ -22,8 +23,8 @@ async def test_bad_progress_calls_get_clear_json_errors(database_url: str) -> No
         good = {"runId": str(uuid.uuid4()), "updates": []}
         async with httpx.AsyncClient(base_url=stack.url) as http:
             cases = [
-                (await http.post("/v1/invocations/nope/progress", json=good, headers=auth), 404,
-                 "not_found"),
+                (await http.post("/v1/invocations/nope/progress", json=good, headers=auth), 401,
+                 "unauthorized"),
                 (await http.post(path, json=good), 401, "unauthorized"),
                 (await http.post(path, content=b"{not json", headers=auth), 400, "invalid_json"),
                 (await http.post(path, content=b"", headers=auth), 400, "invalid_json"),

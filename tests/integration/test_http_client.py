@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepline._http import HttpClient, HttpError
+from stepline._http import HttpClient, HttpError, TooLarge
 from tests.support import free_port, read_body, serve
 
 Scope = dict[str, Any]
@@ -177,3 +177,84 @@ async def test_a_connection_seen_closed_before_writing_is_replaced_for_any_reque
         assert (await client.post(url + "/second", b"2", {})).body == b"ok"
         await client.aclose()
     assert server.received == ["/first", "/second"]
+
+
+async def _raw_server(answer: bytes) -> tuple[asyncio.Server, list[int]]:
+    """A TCP server on 127.0.0.1 that writes ``answer`` then 17 MiB of body, counting bytes
+    written before the client went away."""
+    written = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        try:
+            for _ in range(17 * 16):
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                written[0] += 65536
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, written
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 17825792\r\n\r\n",
+    ],
+)
+async def test_max_body_cuts_an_answer_off_without_reading_it_all(head: bytes) -> None:
+    """With max_body, an answer longer than it (read to the end or with a Content-Length) is
+    TooLarge, and the client stops reading: the server cannot write it all."""
+
+    server, written = await _raw_server(head)
+    port = server.sockets[0].getsockname()[1]
+    client = HttpClient(max_body=1024 * 1024)
+    with pytest.raises(TooLarge, match="cut off"):
+        await client.post(f"http://127.0.0.1:{port}/", b"", {})
+    await asyncio.sleep(0.3)
+    server.close()
+    await server.wait_closed()
+    assert written[0] < 17 * 1024 * 1024
+    plain = HttpClient()  # without max_body (the SDK's own calls) nothing is cut off
+    server, written = await _raw_server(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+    port = server.sockets[0].getsockname()[1]
+    answer = await plain.post(f"http://127.0.0.1:{port}/", b"", {})
+    assert len(answer.body) == 17 * 1024 * 1024
+    server.close()
+    await server.wait_closed()
+
+
+async def test_resolve_picks_the_address_and_keeps_the_host_header() -> None:
+    """A resolve hook is asked for each new connection's address, may refuse it, and the
+    request still carries the URL's host in its Host header."""
+    seen: list[tuple[str, int]] = []
+    hosts: list[bytes] = []
+
+    async def resolve(host: str, port: int) -> str:
+        seen.append((host, port))
+        if host == "127.0.0.3":
+            raise HttpError("refused")
+        return "127.0.0.1"
+
+    async def host_app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await read_body(receive)
+        hosts.append(dict(scope["headers"])[b"host"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with serve(host_app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        client = HttpClient(resolve=resolve)
+        answer = await client.post(f"http://localhost:{port}/", b"", {})
+        assert answer.body == b"ok" and hosts == [f"localhost:{port}".encode()]
+        with pytest.raises(HttpError, match="refused"):
+            await client.post(f"http://127.0.0.3:{port}/", b"", {})
+        assert seen == [("localhost", port), ("127.0.0.3", port)]
+        await client.aclose()

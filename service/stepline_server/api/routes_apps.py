@@ -15,7 +15,13 @@ from starlette.responses import Response
 from stepline_server import appsync, serialize
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, project
-from stepline_server.api.errors import AppUnreachable, InvalidState, NotFound, from_validation
+from stepline_server.api.errors import (
+    AppUnreachable,
+    InvalidState,
+    NotFound,
+    ValidationFailed,
+    from_validation,
+)
 from stepline_server.api.responses import json_response, read_model
 from stepline_server.store import apps
 from stepline_server.store.db import Record
@@ -106,9 +112,17 @@ async def _app(request: Request, *, role: str | None = None) -> Record:
     return row
 
 
+async def _check_egress(request: Request, url: str) -> None:
+    """422 naming ``url`` when the egress rules refuse where it points (after DNS)."""
+    refusal = await orch(request).caller.resolver.refusal(url)
+    if refusal is not None:
+        raise ValidationFailed("invalid fields: url", {"fields": {"url": refusal}})
+
+
 async def create_app(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, AppCreate)
+    await _check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
         row = await apps.create(conn, pid, body.name, body.url)
     if row is None:
@@ -140,6 +154,8 @@ async def get_app(request: Request) -> Response:
 async def update_app(request: Request) -> Response:
     row = await _app(request)
     body = await read_model(request, AppUpdate)
+    if body.url is not None:
+        await _check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
         try:
             updated = await apps.update(conn, row["project_id"], row["id"], body.url, body.name)

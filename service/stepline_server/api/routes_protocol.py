@@ -25,7 +25,6 @@ from stepline_server.api.context import orch
 from stepline_server.api.errors import (
     ApiError,
     InvalidJson,
-    NotFound,
     PayloadTooLarge,
     StaleInvocation,
     Unauthorized,
@@ -55,13 +54,13 @@ def authorize(o: Orchestrator, invocation: str, authorization: str) -> tuple[uui
     body is read. A token this orchestrator did not make for that invocation is
     ``401 unauthorized``; a token it made, for an invocation that no longer owns the run, is
     refused later as ``409 stale_invocation`` (the SDK stops running the workflow on it)."""
-    try:
-        invocation_id = uuid.UUID(invocation)
-    except ValueError:
-        raise NotFound(f"no invocation with id {invocation!r}") from None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send the invocation's token as 'Authorization: Bearer <token>'")
+    try:
+        invocation_id = uuid.UUID(invocation)
+    except ValueError:  # no token is made for an id that is not one
+        raise Unauthorized("the token is not this invocation's") from None
     lease = o.signer.lease_of(str(invocation_id), token.strip())
     if lease is None:
         raise Unauthorized("the token is not this invocation's")

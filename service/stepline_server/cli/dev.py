@@ -18,6 +18,7 @@ import stepline
 from stepline_server.api.app import build_app
 from stepline_server.cli import servers
 from stepline_server.cli.main import _run, database
+from stepline_server.engine import egress
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
 from stepline_server.store import apps, keys
@@ -135,7 +136,12 @@ async def _demo(client: stepline.AsyncClient) -> str:
 
 
 def run(settings: Settings, *, app_port: int, once: bool) -> int:
-    """Run the dev stack until Ctrl-C (or, with ``once``, until the demo run ends)."""
+    """Run the dev stack until Ctrl-C (or, with ``once``, until the demo run ends).
+
+    Loopback is always allowed (the example app runs there), whatever STEPLINE_APP_NETWORKS
+    lists."""
+    if settings.app_networks:
+        settings = settings.with_(app_networks=settings.app_networks + egress.LOOPBACK)
     result = 0
 
     async def main() -> None:

@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if getattr(args, "operate", None):
         return operate.run(args)
-    settings = from_env()
+    try:
+        settings = from_env()
+    except ValueError as exc:  # a setting that does not parse, e.g. STEPLINE_APP_NETWORKS
+        print(f"stepline: {exc}", file=sys.stderr)
+        return 1
     if getattr(args, "host", None):
         settings = settings.with_(host=args.host)
     if getattr(args, "port", None):

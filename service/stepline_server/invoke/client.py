@@ -1,7 +1,12 @@
 """Calls into apps over HTTP: signed ``invoke`` and ``describe`` requests, and their answers.
 
 Invocations go through the SDK's lean keep-alive client (:mod:`stepline._http`, far cheaper per
-request than httpx); a given httpx transport replaces it, so tests can call an app in process.
+request than httpx); a given httpx transport replaces it, so tests can call an app in process
+(and with it the network, so the egress rules do not apply to it). Every connection is made to
+an address the egress rules allow (:mod:`.resolve`), redirects are followed within the same
+origin only, and an answer over :data:`MAX_ANSWER_BYTES` is cut off.
+What an app answered is quoted back only when it is the SDK's own JSON error, and briefly: an
+app's URL may point at a service whose answers must not reach the caller.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from pydantic import BaseModel, ValidationError
 from stepline import _http
 from stepline._signing import sign
 from stepline.protocol import SIGNATURE_HEADER, DescribeResponse, InvokeResponse
+from stepline_server.engine.egress import Egress
+from stepline_server.invoke.resolve import Resolver
+
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""Longer answers are cut off and count as delivery failures."""
+QUOTE_CHARS = 200
+"""The most of an app's error answer a reason quotes."""
 
 
 @dataclass(frozen=True)
@@ -43,9 +55,17 @@ class AppCaller:
         describe_timeout: float = 10.0,
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
+        egress: Egress | None = None,
     ) -> None:
         self._describe_timeout = describe_timeout
-        self._fast = _http.HttpClient(timeout=timeout, max_idle=max_connections)
+        self.resolver = Resolver(egress or Egress())
+        self._fast = _http.HttpClient(
+            timeout=timeout,
+            max_idle=max_connections,
+            resolve=self.resolver.connect_address,
+            max_body=MAX_ANSWER_BYTES,
+            same_origin_redirects=True,
+        )
         self._client: httpx.AsyncClient | None = None
         if transport is not None:
             self._client = httpx.AsyncClient(
@@ -120,7 +140,7 @@ class AppCaller:
             return CallResult(False, None, _ms(started), reason=reason)
         took = _ms(started)
         if status >= 300:
-            detail = content[:200].decode("utf-8", "replace").strip()
+            detail = sdk_error(content)
             reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
             return CallResult(
                 False, status, took, reason=reason, retry_after=parse_retry_after(retry_after)
@@ -128,12 +148,38 @@ class AppCaller:
         try:
             parsed = model.model_validate_json(content)
         except ValidationError as exc:
+            # Which fields were wrong, never their values: those are the app's answer.
+            wrong = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False, include_context=False)
+            )
             reason = (
                 f"the app answered HTTP {status} with a body that is not a "
-                f"valid {model.__name__}: {str(exc)[:200]}"
+                f"valid {model.__name__} ({wrong[:QUOTE_CHARS]})"
             )
             return CallResult(False, status, took, reason=reason)
         return CallResult(True, status, took, parsed)
+
+
+def sdk_error(content: bytes) -> str | None:
+    """``code: message`` (at most :data:`QUOTE_CHARS` characters) when ``content`` is the SDK's
+    JSON error (``{"error": {"code": …, "message": …}}``), else None: any other answer is not
+    quoted at all."""
+    if len(content) > 64 * 1024:
+        return None
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or set(payload) != {"error"}:
+        return None
+    error = payload["error"]
+    if not isinstance(error, dict) or not set(error) <= {"code", "message", "details"}:
+        return None
+    code, message = error.get("code"), error.get("message")
+    if not isinstance(code, str) or not isinstance(message, str):
+        return None
+    return f"{code}: {message}"[:QUOTE_CHARS]
 
 
 def _ms(started: float) -> int:
