@@ -36,6 +36,7 @@ class Settings:
     # Delivery failures (the app could not be invoked) are retried for this long.
     delivery_window_seconds: float = 24 * 3600.0
     delivery_backoff_max_seconds: float = 300.0  # the longest pause between two tries
+    body_timeout_seconds: float = 30.0  # each part of a request body must arrive this soon
     retention_days: float = 30.0
     # Logs: "auto" (for people in a terminal, JSON lines otherwise), "console" or "json".
     log_format: str = "auto"
@@ -89,6 +90,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         delivery_backoff_max_seconds=_seconds(
             e.get("STEPLINE_DELIVERY_BACKOFF_MAX"), s.delivery_backoff_max_seconds
         ),
+        body_timeout_seconds=_seconds(e.get("STEPLINE_BODY_TIMEOUT"), s.body_timeout_seconds),
         scheduler_poll_seconds=float(
             e.get("STEPLINE_SCHEDULER_POLL_SECONDS", s.scheduler_poll_seconds)
         ),

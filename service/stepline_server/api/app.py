@@ -18,6 +18,7 @@ from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_tenancy as tenancy
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
+from stepline_server.api.body_timeout import BodyTimeout
 from stepline_server.api.errors import (
     ApiError,
     handle_api_error,
@@ -83,7 +84,7 @@ def route_table() -> list[tuple[str, set[str]]]:
     return table
 
 
-def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
+def build_app(orchestrator: Orchestrator) -> BodyTimeout:
     """The orchestrator's ASGI app; its lifespan starts and stops ``orchestrator``."""
 
     @asynccontextmanager
@@ -110,4 +111,4 @@ def build_app(orchestrator: Orchestrator) -> ProgressFastPath:
     # (``/v1/callbacks/{id}/``) must not be sent on to the API-key route.
     app.router.redirect_slashes = False
     app.state = state
-    return ProgressFastPath(app, app.state)
+    return BodyTimeout(ProgressFastPath(app, app.state), orchestrator.settings.body_timeout_seconds)

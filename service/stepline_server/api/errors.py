@@ -9,6 +9,7 @@ ApiError                      code, status, message, details
  ├── NotFound                 404 not_found
  ├── RunKeyConflict           409 run_key_conflict
  ├── InvalidState             409 invalid_state
+ ├── RequestTimeout           408 request_timeout (the body arrived too slowly)
  ├── StaleInvocation          409 stale_invocation
  ├── RateLimited              429 rate_limited (with a Retry-After header)
  ├── AppUnreachable           502 app_unreachable
@@ -88,6 +89,10 @@ class RunKeyConflict(ApiError):
 
 class InvalidState(ApiError):
     code, status, default = "invalid_state", 409, "not allowed in the current state"
+
+
+class RequestTimeout(ApiError):
+    code, status, default = "request_timeout", 408, "the request body arrived too slowly"
 
 
 class StaleInvocation(ApiError):
