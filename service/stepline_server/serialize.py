@@ -40,6 +40,7 @@ def workflow(row: Record) -> dict[str, Any]:
         "options": options,
         "inputSchema": options.get("inputSchema"),
         "outputSchema": options.get("outputSchema"),
+        "version": row["version"],
         "syncedAt": ts(row["synced_at"]),
     }
 
@@ -97,6 +98,7 @@ def run(
         else None,
         "trigger": row["trigger"],
         "eventId": str(row["event_id"]) if row.get("event_id") else None,
+        "version": row.get("definition_version"),
         "createdAt": ts(row["created_at"]),
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),

@@ -87,10 +87,19 @@ async def record_sync(
     workflows: list[tuple[str, dict[str, Any]]],
     deployment_id: str | None,
 ) -> Record:
-    """Store what a sync found: the app's workflows and its deployment id."""
+    """Store what a sync found: the app's workflows and its deployment id. A sync that
+    changes the app's workflows (names, options, schemas) makes the environment's next
+    definitions version, which they then carry (and the runs started under them)."""
+    env = app["project_id"]
     async with conn.transaction():
+        stored = {
+            r["name"]: r["options"] for r in await conn.fetch(Q["app_definitions"], env, app["id"])
+        }
+        version = None
+        if stored != dict(workflows):
+            version = await conn.fetchval(Q["next_definitions_version"], env)
         for name, options in workflows:
-            await conn.execute(Q["upsert_workflow"], app["project_id"], name, app["id"], options)
+            await conn.execute(Q["upsert_workflow"], env, name, app["id"], options, version)
         row = await conn.fetchrow(Q["app_synced"], app["id"], deployment_id)
     assert row is not None
     return row

@@ -106,10 +106,20 @@ DELETE FROM apps WHERE project_id = $1 AND id = $2;
 UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
 
 -- name: upsert_workflow
-INSERT INTO workflows (project_id, name, app_id, options, synced_at)
-VALUES ($1, $2, $3, $4, now())
+-- Stores a synced workflow; $5: the definitions version it changed in (NULL: it did not).
+INSERT INTO workflows (project_id, name, app_id, options, synced_at, version)
+VALUES ($1, $2, $3, $4, now(), coalesce($5::integer, 1))
 ON CONFLICT (project_id, name)
-DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now();
+DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now(),
+              version = coalesce($5::integer, workflows.version);
+
+-- name: app_definitions
+-- The workflows app $2 hosts in environment $1, as last synced.
+SELECT name, options FROM workflows WHERE project_id = $1 AND app_id = $2;
+
+-- name: next_definitions_version
+UPDATE environments SET definitions_version = definitions_version + 1 WHERE id = $1
+RETURNING definitions_version;
 
 -- name: list_workflows
 SELECT w.*, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
@@ -131,7 +141,7 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
 -- and the row carries what the invocation needs.
 WITH w AS (
-    SELECT w.app_id, w.options, a.slug, a.url, a.signing_secrets,
+    SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
            $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL AS leased
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
@@ -140,7 +150,8 @@ r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
-                      progress_at, event_id, concurrency_key, singleton_key)
+                      progress_at, event_id, concurrency_key, singleton_key,
+                      definition_version)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -159,7 +170,8 @@ r AS (
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
-                THEN $4::jsonb ->> (w.options ->> 'singletonKey') END
+                THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
+           w.version
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -614,10 +626,10 @@ WHERE r.id IS NOT NULL
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
-                  options, deadline_at, ready_at)
+                  options, deadline_at, ready_at, definition_version)
 SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'invoke', w.options,
        now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-       now()
+       now(), w.version
 FROM workflows w WHERE w.project_id = $2 AND w.name = $3
 ON CONFLICT (id) DO NOTHING
 RETURNING id;

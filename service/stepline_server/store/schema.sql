@@ -24,8 +24,10 @@ CREATE TABLE environments (
     project_id uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
     name text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
     created_at timestamptz NOT NULL DEFAULT now(),
+    definitions_version integer NOT NULL DEFAULT 0,
     UNIQUE (project_id, name)
 );
+COMMENT ON COLUMN environments.definitions_version IS 'The newest version of the environment''s workflow definitions (0: none synced yet).';
 COMMENT ON TABLE environments IS 'An environment of a project. Every scoped table''s project_id column holds an environment id: a key sees one environment.';
 
 CREATE TABLE api_keys (
@@ -71,8 +73,10 @@ CREATE TABLE workflows (
     app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
     options jsonb NOT NULL DEFAULT '{}',
     synced_at timestamptz NOT NULL DEFAULT now(),
+    version integer NOT NULL DEFAULT 1,
     PRIMARY KEY (project_id, name)
 );
+COMMENT ON COLUMN workflows.version IS 'The definitions version of the sync that last changed this workflow''s app.';
 
 CREATE TABLE runs (
     id uuid PRIMARY KEY,
@@ -112,6 +116,7 @@ CREATE TABLE runs (
     event_id uuid,
     concurrency_key text,
     singleton_key text,
+    definition_version integer,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -125,6 +130,7 @@ COMMENT ON COLUMN runs.progress_digest IS 'Digest of the body of the last progre
 COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run of delivery failures happened (the app could not be invoked); NULL once an invocation was delivered. The delivery window counts from here.';
 COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
 COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
+COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its workflow when the run was started.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
