@@ -92,8 +92,8 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
 
 # Each statement of the run loop's claim and begin, with arguments of a typical call.
 _PLANNED: dict[str, tuple[Any, ...]] = {
-    "claim_due": (64, "explain", 20.0, 0.05),
-    "next_due_in": (),
+    "claim_due": (64, "explain", 20.0, 0.05, True),
+    "next_due_in": (True,),
     "due_backlog": (),
     "begin_invocations": ("[]", 0.05),
 }
@@ -118,6 +118,8 @@ async def _plan(conn: asyncpg.Connection, name: str, args: tuple[Any, ...]) -> l
 
 
 def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return f"'{value}'" if isinstance(value, str) else str(value)
 
 

@@ -92,3 +92,22 @@ async def test_progress_past_the_time_limit_is_refused(database_url: str) -> Non
         assert await runs.steps(conn, item.run_id) == []
     finally:
         await conn.close()
+
+
+async def test_just_after_the_database_was_away_an_expired_lease_is_left_to_its_holder(
+    database_url: str,
+) -> None:
+    """Without takeovers (the dispatcher's state for one lease after it lost the database), a
+    run whose lease expired is neither claimed nor counted as due; with them, it is taken."""
+    conn = await db.connect(database_url)
+    try:
+        item = await leased_run(conn)
+        await conn.execute(
+            "UPDATE runs SET ready_at = now() - interval '1 s' WHERE id = $1", item.run_id
+        )
+        assert await dispatch.claim(conn, "other", 60, 5, takeovers=False) == []
+        assert await dispatch.next_due_in(conn, takeovers=False) is None
+        [taken] = await dispatch.claim(conn, "other", 60, 5)
+        assert taken["id"] == item.run_id and taken["lease_token"] != item.token
+    finally:
+        await conn.close()

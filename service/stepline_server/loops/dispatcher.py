@@ -66,7 +66,19 @@ class Dispatcher:
         self._beginning = False
         self._told = 0.0
         self._running = False  # runs are leased to this dispatcher only while it runs
+        # Until this monotonic time, expired leases are not taken over: just after the database
+        # was away, a lease may have lapsed only because its holder could not beat meanwhile.
+        self._no_takeovers_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def database_was_away(self) -> None:
+        """The database could not be reached: for one lease from now, leave runs whose lease
+        expired to their holders, whose beats could not land either (a dead holder's runs are
+        taken over a lease later)."""
+        self._no_takeovers_until = time.monotonic() + self.settings.lease_seconds
+
+    def _takeovers(self) -> bool:
+        return time.monotonic() >= self._no_takeovers_until
 
     @property
     def inflight(self) -> int:
@@ -137,6 +149,7 @@ class Dispatcher:
                     if not db.is_transient(exc):
                         raise
                     log.warning("claim_failed", error=str(exc))
+                    self.database_was_away()
                     await pause.wait()
         finally:
             self._running = False
@@ -154,6 +167,7 @@ class Dispatcher:
                     self.settings.lease_seconds,
                     free,
                     self.settings.timer_lead_seconds,
+                    takeovers=self._takeovers(),
                 )
                 if claimed:
                     self.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
@@ -173,7 +187,7 @@ class Dispatcher:
         if self.wakeup.is_set():
             return  # something happened while claiming: look again at once
         if self._room() > 0:
-            due_in = await dispatch.next_due_in(conn)
+            due_in = await dispatch.next_due_in(conn, takeovers=self._takeovers())
             if due_in is not None:
                 # Claim a sleep's run the lead ahead. What comes due within the lead was not
                 # taken by the claim, so it is no sleep (a timeout, a retry, a lease): claim it
@@ -297,6 +311,8 @@ class Dispatcher:
                     await self._beat_forever(conn, interval, pause)
             except Exception as exc:
                 log.warning("heartbeat_failed", error=str(exc), leases=len(self._inflight))
+                if db.is_transient(exc):
+                    self.database_was_away()
                 await pause.wait()
 
     async def _beat_forever(self, conn: Conn, interval: float, pause: Backoff) -> None:

@@ -13,17 +13,24 @@ from stepline_server.store.db import Conn, Q, Record
 
 
 async def claim(
-    conn: Conn, owner: str, lease_seconds: float, limit: int, lead: float = 0.0
+    conn: Conn,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    lead: float = 0.0,
+    *,
+    takeovers: bool = True,
 ) -> list[Record]:
     """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator; each row's
     ``due_in`` says in how many seconds it is due. Runs of a workflow with a concurrency cap
-    are claimed one workflow at a time under its lock (:func:`claim_capped`)."""
-    claimed = list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead))
+    are claimed one workflow at a time under its lock (:func:`claim_capped`). Without
+    ``takeovers``, runs whose lease expired are left to their holders."""
+    claimed = list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead, takeovers))
     room = limit - len(claimed)
     if room > 0:
         for wf in await conn.fetch(Q["due_capped_workflows"]):
             capped = Capped(wf["project_id"], wf["workflow"], wf["concurrency_key"], wf["cap"])
-            got = await claim_capped(conn, capped, owner, lease_seconds, room)
+            got = await claim_capped(conn, capped, owner, lease_seconds, room, takeovers)
             claimed += got
             room -= len(got)
             if room <= 0:
@@ -43,7 +50,12 @@ class Capped:
 
 
 async def claim_capped(
-    conn: Conn, capped: Capped, owner: str, lease_seconds: float, limit: int
+    conn: Conn,
+    capped: Capped,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    takeovers: bool = True,
 ) -> list[Record]:
     """Lease up to ``limit`` of a capped workflow's due or held runs (of one key value), oldest
     first, as far as its cap has room; hold its other due runs when the cap is full. The count
@@ -51,7 +63,7 @@ async def claim_capped(
     room."""
     async with conn.transaction():
         await conn.execute(Q["lock_workflow"], capped.project_id, capped.workflow, capped.key)
-        args = (capped.workflow, capped.cap, owner, lease_seconds, limit, capped.key)
+        args = (capped.workflow, capped.cap, owner, lease_seconds, limit, capped.key, takeovers)
         return list(await conn.fetch(Q["claim_capped"], capped.project_id, *args))
 
 
@@ -78,9 +90,10 @@ async def release_held(conn: Conn, capped: Capped | None = None) -> int:
     return released
 
 
-async def next_due_in(conn: Conn) -> float | None:
-    """Seconds until the next run comes due (negative when overdue), None when none will."""
-    value = await conn.fetchval(Q["next_due_in"])
+async def next_due_in(conn: Conn, *, takeovers: bool = True) -> float | None:
+    """Seconds until the next run comes due (negative when overdue), None when none will;
+    without ``takeovers``, expired leases are not counted as due."""
+    value = await conn.fetchval(Q["next_due_in"], takeovers)
     return float(value) if value is not None else None
 
 

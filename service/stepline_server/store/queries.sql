@@ -249,13 +249,15 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 -- again, and a run past its time limit is claimed to be ended. A run is due when its ready_at
 -- has come, or comes within $4 seconds for a sleep of it that ends then (due_in says in how
 -- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
--- unless past their deadline. taken_over: the run still had a lease, run out (its
+-- unless past their deadline. Without takeovers ($5 false), a run whose lease expired is left
+-- to its holder (the dispatcher asks so just after the database was away). taken_over: the run still had a lease, run out (its
 -- orchestrator died or stalled).
 WITH due AS (
     SELECT id, ready_at, lease_token AS old_token
     FROM runs
     WHERE ready_at <= now() + make_interval(secs => $4::double precision)
       AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
+      AND ($5::boolean OR lease_token IS NULL)
       AND (ready_at <= now()
            OR EXISTS (SELECT 1 FROM steps s
                       WHERE s.run_id = runs.id AND s.status = 'sleeping'
@@ -313,7 +315,7 @@ SELECT pg_advisory_xact_lock(
 -- $1) with concurrency key value $7, oldest first, as far as its cap $3 has room beside its
 -- invocations in flight, to $4 for $5 seconds (as claim_due leases). When that fills the cap,
 -- its other due runs are held (ready_at at their deadline, no lease) until release_held lets
--- them go.
+-- them go. Without takeovers ($8 false), runs whose lease expired are left to their holders.
 WITH busy AS (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
@@ -328,6 +330,7 @@ cand AS (
     (SELECT id, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
        AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND ($8::boolean OR lease_token IS NULL)
      ORDER BY created_at, id LIMIT $6)
 ),
 go AS (
@@ -342,6 +345,7 @@ held_now AS (
     WHERE h.project_id = $1 AND h.workflow = $2
       AND h.concurrency_key IS NOT DISTINCT FROM $7::text
       AND h.ready_at <= now() AND NOT h.held
+      AND ($8::boolean OR h.lease_token IS NULL)
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
 )
@@ -390,8 +394,10 @@ SELECT count(*) AS n,
 FROM runs WHERE ready_at <= now();
 
 -- name: next_due_in
+-- Seconds until the next run comes due; without takeovers ($1 false), expired leases do not
+-- count.
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
-WHERE ready_at IS NOT NULL;
+WHERE ready_at IS NOT NULL AND ($1::boolean OR lease_token IS NULL);
 
 -- name: heartbeat
 -- Extends the leases ($1: [{id, token}]) still held by $2 seconds, never past a run's
