@@ -240,10 +240,17 @@ async def list_events(request: Request) -> Response:
         if await runs.get(conn, pid, run_id) is None:
             raise NotFound(f"no run with id {run_id}")
         rows = await runs.events(conn, pid, run_id, after, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    nxt = pagination.encode([rows[-1]["seq"]]) if more else None
+    rows, nxt = _seq_page(rows, limit)
     return json_response({"events": [serialize.event(r) for r in rows], "nextCursor": nxt})
+
+
+def _seq_page(rows: list[Record], limit: int) -> tuple[list[Record], str | None]:
+    """A page of ``limit`` of ``rows`` (read one more, to know whether another page follows)
+    and the cursor of the next page: the last history seq shown."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, pagination.encode([rows[-1]["seq"]])
 
 
 async def list_invocations(request: Request) -> Response:
@@ -258,8 +265,6 @@ async def list_invocations(request: Request) -> Response:
         if await runs.get(conn, pid, run_id) is None:
             raise NotFound(f"no run with id {run_id}")
         rows = await runs.invocations(conn, pid, run_id, after, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    nxt = pagination.encode([rows[-1]["seq"]]) if more else None
+    rows, nxt = _seq_page(rows, limit)
     items = [serialize.invocation(r) for r in rows]
     return json_response({"invocations": items, "nextCursor": nxt})
