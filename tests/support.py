@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +15,7 @@ from stepline_server.api.app import build_app
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
 from stepline_server.store import apps, db, keys
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 async def read_body(receive: Any) -> bytes:

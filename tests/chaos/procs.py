@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
+from tests.ports import free_port
 
 __all__ = ["Proc", "free_port", "kill_group", "orchestrator_argv", "stepline_argv"]
 
@@ -32,13 +33,6 @@ def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stepline_argv(*args: str) -> list[str]:
