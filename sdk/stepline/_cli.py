@@ -1,4 +1,5 @@
-"""The ``stepline`` command's entry point: the orchestrator's CLI, when the server extra is in."""
+"""The ``stepline`` command's entry point: ``stepline worker`` (a pull app's worker, SDK only),
+else the orchestrator's CLI, when the server extra is in."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ _SERVER_MODULES = frozenset(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the orchestrator's command; exit 2 with a hint when the server extra is missing."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["worker"]:
+        from stepline._worker_cli import main as worker_main
+
+        return worker_main(args[1:])
     try:
         # Imported by name, at call time: the SDK itself never depends on the orchestrator.
         cli = importlib.import_module("stepline_server.cli.main")

@@ -210,9 +210,12 @@ class _Api(Generic[_D, _N, _I]):
 
     # apps
 
-    def create_app(self, name: str, url: str) -> _D:
-        """Register a push app; the answer carries its ``signingSecret``, shown only once."""
-        return self._json(_Request("POST", _path("apps"), body={"name": name, "url": url}))
+    def create_app(self, name: str, url: str | None = None, *, kind: str = "push") -> _D:
+        """Register a push app at ``url``, or (``kind="pull"``, no URL) a pull app whose
+        workers poll for its invocations (``stepline worker``); the answer carries its
+        ``signingSecret``, shown only once."""
+        body = {"name": name, **_compact(url=url), **({"kind": kind} if kind != "push" else {})}
+        return self._json(_Request("POST", _path("apps"), body=body))
 
     def list_apps(self, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of apps: ``{"apps": [...], "nextCursor": ...}``."""

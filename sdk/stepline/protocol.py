@@ -228,6 +228,22 @@ class InvokeResponse(_Model):
     deployment_id: str | None = Field(default=None, alias="deploymentId")
 
 
+class InvocationAnswer(InvokeResponse):
+    """A pull app's worker's answer to an invocation it polled: the run it is for, how long
+    the invocation took, and the SDK's answer to ``invoke``."""
+
+    run_id: str = Field(alias="runId")
+    duration_ms: int | None = Field(default=None, alias="durationMs", ge=0)
+
+
+class PollResponse(_Model):
+    """Invocations a pull app's worker polled, each leased to it for ``leaseSeconds``: it keeps
+    them with heartbeats and answers each with an :class:`InvocationAnswer`."""
+
+    invocations: list[InvokeRequest]
+    lease_seconds: float = Field(alias="leaseSeconds")
+
+
 def dump(model: BaseModel) -> dict[str, Any]:
     """Serialise a protocol model with its wire (camelCase) names."""
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)

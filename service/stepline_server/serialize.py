@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from stepline_server.store.db import Record
@@ -22,10 +22,12 @@ def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
         "slug": row["slug"],
         "name": row["name"],
         "url": row["url"],
+        "kind": row["kind"],
         "deploymentId": row["deployment_id"],
         "createdAt": ts(row["created_at"]),
         "updatedAt": ts(row["updated_at"]),
         "syncedAt": ts(row["synced_at"]),
+        "lastPolledAt": ts(row["polled_at"]),
     }
     if secret:
         data["signingSecret"] = row["signing_secrets"][0]
@@ -103,6 +105,14 @@ def run(
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),
     }
+    if row.get("pull"):  # a pull app's run: whether it is due with no worker running it
+        ready = row.get("ready_at")
+        data["waitingForWorker"] = (
+            row["status"] in ("running", "cancelling")
+            and row.get("lease_token") is None
+            and ready is not None
+            and ready <= datetime.now(UTC)
+        )
     if "deployment_id" in row:  # the run read alone: its last invocation's deployment
         data["deploymentId"] = row["deployment_id"]
     if steps is not None:

@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
+from stepline_server.api import routes_pull as pull
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_tenancy as tenancy
@@ -33,6 +34,8 @@ from stepline_server.ui import app as ui
 # (ProgressFastPath answers it before Starlette when the app is built by build_app).
 ROUTES: list[BaseRoute] = [
     Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
+    Route("/v1/invocations/{invocationId}/heartbeat", pull.heartbeat, methods=["POST"]),
+    Route("/v1/invocations/{invocationId}/answer", pull.answer, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", health.metrics, methods=["GET"]),
@@ -43,6 +46,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
     Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
+    Route("/v1/apps/{app}/poll", pull.poll, methods=["POST"]),
     Route("/v1/workflows", apps.list_workflows, methods=["GET"]),
     Route("/v1/runs", runs.start_run, methods=["POST"]),
     Route("/v1/runs", runs.list_runs, methods=["GET"]),

@@ -104,11 +104,16 @@ async def backlog(conn: Conn) -> tuple[int, float]:
     return int(row["n"]), float(row["oldest_s"])
 
 
-async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float) -> None:
-    """Extend the leases of invocations still in flight."""
-    if leases:
-        held = [{"id": str(run_id), "token": token} for run_id, token in leases]
-        await conn.execute(Q["heartbeat"], held, lease_seconds)
+async def heartbeat(
+    conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float
+) -> dict[uuid.UUID, bool]:
+    """Extend the leases of invocations still in flight; answers each run whose lease held,
+    with whether its cancellation was requested."""
+    if not leases:
+        return {}
+    held = [{"id": str(run_id), "token": token} for run_id, token in leases]
+    rows = await conn.fetch(Q["heartbeat"], held, lease_seconds)
+    return {row["id"]: row["cancel_requested"] for row in rows}
 
 
 async def begin_invocations(

@@ -57,15 +57,20 @@ CREATE TABLE apps (
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     slug text NOT NULL UNIQUE,
     name text NOT NULL,
-    url text NOT NULL,
+    url text,
     signing_secrets text[] NOT NULL CHECK (cardinality(signing_secrets) >= 1),
     deployment_id text,
     synced_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (project_id, name)
+    kind text NOT NULL DEFAULT 'push' CHECK (kind IN ('push', 'pull')),
+    polled_at timestamptz,
+    UNIQUE (project_id, name),
+    CONSTRAINT apps_url_of_kind CHECK ((kind = 'push') = (url IS NOT NULL))
 );
 COMMENT ON COLUMN apps.signing_secrets IS 'Newest first: the first signs invocations.';
+COMMENT ON COLUMN apps.kind IS 'push: the orchestrator POSTs invocations to url; pull: workers poll for them (no url).';
+COMMENT ON COLUMN apps.polled_at IS 'When a worker of a pull app last polled for invocations.';
 
 CREATE TABLE workflows (
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -117,6 +122,7 @@ CREATE TABLE runs (
     concurrency_key text,
     singleton_key text,
     definition_version integer,
+    pull boolean NOT NULL DEFAULT false,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -131,9 +137,12 @@ COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run o
 COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
 COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
 COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its workflow when the run was started.';
+COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
-CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
+CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
+CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
 CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
