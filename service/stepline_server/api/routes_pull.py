@@ -3,11 +3,13 @@ heartbeats and answer (its invocation token, as progress calls)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from stepline.protocol import InvocationAnswer
 from stepline_server.api import routes_apps
@@ -45,10 +47,22 @@ async def poll(request: Request) -> Response:
             {"kind": row["kind"]},
         )
     o = orch(request)
-    bodies = await o.pull.poll(row, limit, wait)
+    gone = asyncio.Event()
+    watch = asyncio.create_task(_until_disconnected(request.receive, gone))
+    try:
+        bodies = await o.pull.poll(row, limit, wait, gone)
+    finally:
+        watch.cancel()
     if not bodies:
         return Response(status_code=204)
     return json_response({"invocations": bodies, "leaseSeconds": o.settings.lease_seconds})
+
+
+async def _until_disconnected(receive: Receive, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client goes away (a poll's request has no body to read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def answer(request: Request) -> Response:

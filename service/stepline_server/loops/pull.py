@@ -5,7 +5,6 @@ records an app's HTTP answer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from typing import Any
@@ -21,6 +20,16 @@ from stepline_server.store.db import Conn, Pool, Record
 log = structlog.get_logger("stepline.pull")
 
 
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    """Wait until ``a`` or ``b`` is set, at most ``timeout`` seconds."""
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
 class PullInvocations:
     """What the pull routes ask of the run loop."""
 
@@ -29,15 +38,19 @@ class PullInvocations:
         self.dispatcher = dispatcher
         self.settings = dispatcher.settings
 
-    async def poll(self, app: Record, limit: int, wait: float) -> list[dict[str, Any]]:
+    async def poll(
+        self, app: Record, limit: int, wait: float, gone: asyncio.Event | None = None
+    ) -> list[dict[str, Any]]:
         """The invoke bodies of up to ``limit`` due runs of pull app ``app``, each now leased
         to the poll (its invocation begun); waits up to ``wait`` seconds for one to come due,
-        woken by the dispatcher's wake-ups. Empty when none came."""
+        woken by the dispatcher's wake-ups. Empty when none came, or once ``gone`` is set (the
+        worker went away: a run claimed for it would wait out its lease)."""
         app_id: uuid.UUID = app["id"]
         give_up = time.monotonic() + wait
+        gone = gone or asyncio.Event()
         async with self.pool.acquire() as conn:
             await pull.polled(conn, app_id)
-        while True:
+        while not gone.is_set():
             with self.dispatcher.pollers.watch(app_id) as woken:
                 async with self.pool.acquire() as conn:
                     bodies = await self._claim(conn, app_id, limit)
@@ -50,8 +63,8 @@ class PullInvocations:
                 timeout = min(left, self.settings.poll_seconds)
                 if due_in is not None:
                     timeout = min(timeout, max(0.005, due_in))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), timeout)
+                await _first(woken, gone, timeout)
+        return []
 
     async def _claim(self, conn: Conn, app_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
         owner = self.dispatcher.owner
