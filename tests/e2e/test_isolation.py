@@ -20,7 +20,15 @@ from tests.support import Stack, app_server, orchestrator_stack
 SPEC = yaml.safe_load((Path(__file__).parents[2] / "openapi.yaml").read_text())
 METHODS = ("get", "post", "put", "patch", "delete")
 # Operations authenticated by something else than an API key (or nothing).
-NOT_BY_KEY = {"getHealth", "getReadiness", "getMetrics", "completeCallbackSigned", "reportProgress"}
+NOT_BY_KEY = {
+    "getHealth",
+    "getReadiness",
+    "getMetrics",
+    "completeCallbackSigned",
+    "reportProgress",
+    "beatInvocation",
+    "answerInvocation",
+}
 # The owner walk's order: reads, then writes, then what ends or deletes a resource.
 LAST = ["cancelRun", "deleteSchedule", "revokeKey", "deleteApp"]
 
@@ -79,6 +87,8 @@ class Owner:
         sl.signing_secrets = (app["signingSecret"],)  # the app learns its secret, then syncs
         self.ids["app"] = app["slug"]
         await self._post(f"/v1/apps/{app['slug']}/sync", None)
+        pulled = await self._post("/v1/apps", {"name": "pulled", "kind": "pull"})
+        self.ids["pullApp"] = pulled["slug"]
         for name in ("runId", "cancelRun"):
             run = await self._post("/v1/runs", {"workflow": "waiter", "input": {}})
             self.ids[name] = run["id"]
@@ -112,6 +122,9 @@ class Owner:
         params = dict(self.ids)
         if op_id in ("retryRun", "cancelRun"):
             params["runId"] = self.ids["failedRun" if op_id == "retryRun" else "cancelRun"]
+        if op_id == "pollInvocations":  # a pull app's, answered at once
+            params["app"] = self.ids["pullApp"]
+            path += "?wait=0"
         url = re.sub(r"\{(\w+)\}", lambda m: params[m.group(1)], path)
         self.made += 1
         bodies: dict[str, Any] = {

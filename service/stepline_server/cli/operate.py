@@ -164,16 +164,34 @@ def apps_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextI
     if a.json:
         return output.as_json(page, out)
     rows = [
-        (r["slug"], r["name"], r["url"], r.get("deploymentId"), output.when(r.get("syncedAt")))
+        (
+            r["slug"],
+            r["name"],
+            r.get("kind", "push"),
+            r["url"] if r["url"] is not None else "-",
+            r.get("deploymentId"),
+            output.when(r.get("syncedAt")),
+            output.when(r.get("lastPolledAt")),
+        )
         for r in page["apps"]
     ]
-    output.table(["SLUG", "NAME", "URL", "DEPLOYMENT", "SYNCED"], rows, out)
+    headers = ["SLUG", "NAME", "KIND", "URL", "DEPLOYMENT", "SYNCED", "POLLED"]
+    output.table(headers, rows, out)
 
 
 def apps_register(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    app = c.create_app(a.name, a.url)
+    if a.pull == (a.app_url is not None):
+        raise UsageError("apps register: give the app's URL, or --pull (and no URL)")
+    app = c.create_app(a.name, a.app_url, kind="pull" if a.pull else "push")
     if a.json:
         return output.as_json(app, out)
+    if a.pull:
+        out.write(f"pull app {app['slug']} ({app['name']}) registered\n")
+        out.write(f"signing secret (shown once): {app['signingSecret']}\n\n")
+        out.write("Next: on a machine with the app's code, run its worker (it syncs the app):\n")
+        out.write(f"  stepline worker MODULE:ATTR --app {app['slug']}\n")
+        out.write("with STEPLINE_URL and STEPLINE_API_KEY (a write key) set.\n")
+        return None
     out.write(f"app {app['slug']} ({app['name']}) registered at {app['url']}\n")
     out.write(f"signing secret (shown once): {app['signingSecret']}\n\n")
     out.write("Next: give the app this secret as STEPLINE_SIGNING_SECRET, restart it, then\n")
@@ -299,7 +317,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--limit", type=int, default=100)
     p = leaf(apps, "register", apps_register, "register an app; prints its signing secret")
     p.add_argument("name")
-    p.add_argument("url", help="where the app's Stepline handler answers")
+    p.add_argument(
+        "app_url", metavar="url", nargs="?", help="where the app's Stepline handler answers"
+    )
+    p.add_argument(
+        "--pull",
+        action="store_true",
+        help="a pull app: no URL, its workers poll for invocations (stepline worker)",
+    )
     p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
     p.add_argument("app", help="the app's id, slug or name")
 
