@@ -249,3 +249,21 @@ async def test_answers_and_heartbeats_need_the_invocations_token(database_url: s
             assert beat.status_code == 409
         done = await stack.client.get_run(run["id"])
         assert done["status"] == "completed" and done["output"] == 7
+
+
+def test_the_worker_command_refuses_bad_usage() -> None:
+    """`stepline worker` without a key, with a target that is not MODULE:ATTR or not a
+    Stepline exits with a message, before any request."""
+    env = {k: v for k, v in os.environ.items() if k != "STEPLINE_API_KEY"}
+    stepline_cmd = str(Path(sys.executable).parent / "stepline")
+    for args, code, words in (
+        (["tests.apps.pull_app:sl", "--app", "a"], 2, "API key"),
+        (["tests.apps.pull_app", "--app", "a", "--api-key", "k"], 1, "MODULE:ATTR"),
+        (["tests.apps.pull_app:os", "--app", "a", "--api-key", "k"], 1, "not a stepline"),
+        (["tests.apps.pull_app:sl", "--app", "a", "--api-key", "k", "--concurrency", "0"], 2, "1"),
+    ):
+        done = subprocess.run(
+            [stepline_cmd, "worker", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == code, (args, done.stderr)
+        assert words in done.stderr, done.stderr

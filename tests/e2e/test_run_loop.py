@@ -170,7 +170,7 @@ async def test_changed_code_fails_the_run_with_nondeterminism(database_url: str)
         assert ran == ["charge"]
 
 
-async def test_concurrency_caps_invocations_of_a_workflow(database_url: str) -> None:
+async def test_concurrency_caps_invocations_of_a_workflow(database_url: str, kind: str) -> None:
     """With concurrency=2, eight runs started together never have more than two invocations
     running at once, and all complete; a sleeping run holds no slot."""
     now_running = 0
@@ -191,8 +191,7 @@ async def test_concurrency_caps_invocations_of_a_workflow(database_url: str) -> 
         await ctx.sleep("rest", 0.1)
         return value  # type: ignore[no-any-return]
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         runs = await asyncio.gather(*(stack.client.start_run("capped", i) for i in range(8)))
         done = await asyncio.gather(*(stack.client.wait_run(r["id"], timeout=60) for r in runs))
         assert [d["output"] for d in done] == list(range(8))
