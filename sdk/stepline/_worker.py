@@ -32,7 +32,8 @@ class WorkerError(Exception):
 class Worker:
     """Runs the invocations of pull app ``app`` with ``stepline``'s workflows, at most
     ``concurrency`` at once. ``url`` and ``api_key``: the orchestrator and a key of the app's
-    environment (``write`` or ``admin``); ``wait``: how long each poll waits (seconds)."""
+    environment (``write`` or ``admin``); ``wait``: how long each poll waits (seconds);
+    ``drain``: how long :meth:`stop` lets the invocations running finish (seconds)."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class Worker:
         *,
         concurrency: int = 10,
         wait: float = 30.0,
+        drain: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -53,7 +55,9 @@ class Worker:
         self.wait = wait
         self._key = api_key
         self._http = httpx.AsyncClient(base_url=self.url, timeout=30.0)
+        self.drain = drain
         self._active: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
         self.invoked = 0  # invocations this worker has run
 
     async def sync(self) -> dict[str, Any]:
@@ -67,20 +71,44 @@ class Worker:
             raise WorkerError(f"the sync was refused (HTTP {answer.status_code}): {answer.text}")
         return answer.json()  # type: ignore[no-any-return]
 
+    def stop(self) -> None:
+        """Stop polling; :meth:`run` returns once the invocations running have answered (at
+        most ``drain`` seconds, then they are cancelled and their leases run out)."""
+        self._stopping.set()
+
     async def run(self) -> None:
-        """Sync, then poll and invoke until cancelled (cancelling stops the invocations
-        running: their leases run out and other workers take them over)."""
+        """Sync, then poll and invoke until :meth:`stop` (or until cancelled: cancelling
+        stops the invocations running, whose leases run out and other workers take over)."""
         await self.sync()
         logger.info("worker_started", extra={"app": self.app, "concurrency": self.concurrency})
-        pause = 0.2
         try:
-            while True:
+            await self._poll_until_stopped()
+            if self._active:  # stopped: let what runs answer
+                await asyncio.wait(self._active, timeout=self.drain)
+        finally:
+            for task in list(self._active):
+                task.cancel()
+            await asyncio.gather(*self._active, return_exceptions=True)
+
+    async def _poll_until_stopped(self) -> None:
+        pause = 0.2
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
                 free = self.concurrency - len(self._active)
                 if free <= 0:
-                    await asyncio.wait(self._active, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {*self._active, stopping}, return_when=asyncio.FIRST_COMPLETED
+                    )
                     continue
+                poll = asyncio.ensure_future(self._poll(free))
+                await asyncio.wait({poll, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not poll.done():
+                    poll.cancel()  # stopped while waiting: the orchestrator claims nothing
+                    await asyncio.gather(poll, return_exceptions=True)
+                    return
                 try:
-                    polled = await self._poll(free)
+                    polled = poll.result()
                 except (httpx.HTTPError, _Retry) as exc:
                     logger.warning("poll_failed", extra={"problem": str(exc)})
                     await asyncio.sleep(pause)
@@ -94,9 +122,7 @@ class Worker:
                     self._active.add(task)
                     task.add_done_callback(self._active.discard)
         finally:
-            for task in list(self._active):
-                task.cancel()
-            await asyncio.gather(*self._active, return_exceptions=True)
+            stopping.cancel()
 
     async def _poll(self, limit: int) -> protocol.PollResponse | None:
         answer = await self._http.post(

@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=10, help="invocations run at once (default 10)"
     )
     p.add_argument("--wait", type=float, default=30.0, help="seconds each poll waits (30)")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        help="on SIGINT or SIGTERM, seconds the invocations running may take to finish (30)",
+    )
     return p
 
 
@@ -58,7 +64,7 @@ async def _serve(worker: Worker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, worker.stop)  # what runs answers first
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -77,7 +83,9 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     sl = load(a.target)
-    worker = Worker(sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait)
+    worker = Worker(
+        sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain
+    )
     print(f"stepline worker: app {a.app}, polling {a.url}", file=sys.stderr, flush=True)
     try:
         asyncio.run(_serve(worker))

@@ -27,3 +27,14 @@ async def hang_once(ctx: stepline.Context, input: dict[str, Any]) -> str:
     first = await ctx.step("work", work)
     await ctx.sleep("rest", "100ms")
     return str(await ctx.step("after", lambda: f"{first} after"))
+
+
+@sl.workflow("slow-step")
+async def slow_step(ctx: stepline.Context, input: dict[str, Any]) -> str:
+    async def work() -> str:
+        with open(input["countFile"], "a") as f:
+            f.write(f"work {os.getpid()}\n")
+        await asyncio.sleep(float(input["seconds"]))
+        return "finished"
+
+    return str(await ctx.step("work", work))

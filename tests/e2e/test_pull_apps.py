@@ -125,6 +125,67 @@ async def test_a_run_nobody_polls_for_still_times_out(database_url: str) -> None
         assert done["status"] == "timedOut", done
 
 
+def _worker_process(stack: Stack, slug: str, **env: str) -> subprocess.Popen[bytes]:
+    """`stepline worker tests.apps.pull_app:sl` for ``slug``, in its own process group."""
+    return subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "stepline"), "worker"),
+            *("tests.apps.pull_app:sl", "--app", slug, "--url", stack.url),
+            *("--concurrency", "2"),
+        ],
+        env={**os.environ, "STEPLINE_API_KEY": stack.api_key, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+async def _until_synced(stack: Stack, slug: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(400):  # the worker syncs the app as it starts
+        if (await stack.client.get_app(slug))["syncedAt"]:
+            return
+        assert proc.poll() is None, "the worker process exited"
+        await asyncio.sleep(0.05)
+    raise AssertionError("the worker never synced the app")
+
+
+async def _until_written(path: Path, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(400):
+        if path.read_text():
+            return
+        assert proc.poll() is None, "the worker process exited"
+        await asyncio.sleep(0.05)
+    raise AssertionError("the step never ran")
+
+
+async def test_a_worker_stopped_with_sigterm_finishes_its_invocation(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a step runs: the worker polls no more, lets the step finish and answers,
+    then exits 0; the run completed in that one invocation (nothing was taken over)."""
+    count_file = tmp_path / "steps"
+    count_file.touch()
+    async with orchestrator_stack(database_url) as stack:
+        slug = await stack.register_pull()
+        proc = _worker_process(stack, slug)
+        try:
+            await _until_synced(stack, slug, proc)
+            input = {"countFile": str(count_file), "seconds": 1.0}
+            run = await stack.client.start_run("slow-step", input)
+            await _until_written(count_file, proc)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        done = await stack.client.get_run(run["id"])
+        assert done["status"] == "completed" and done["output"] == "finished", done
+        types = [e["type"] async for e in stack.client.iter_run_events(run["id"])]
+        assert types.count("invocation.started") == 1
+        assert count_file.read_text() == f"work {proc.pid}\n"
+
+
 @pytest.mark.slow
 async def test_a_worker_killed_mid_step_loses_its_run_to_another(
     database_url: str, tmp_path: Path
@@ -135,29 +196,11 @@ async def test_a_worker_killed_mid_step_loses_its_run_to_another(
     count_file.touch()
     async with orchestrator_stack(database_url) as stack:
         slug = await stack.register_pull()
-        proc = subprocess.Popen(
-            [
-                *(str(Path(sys.executable).parent / "stepline"), "worker"),
-                *("tests.apps.pull_app:sl", "--app", slug, "--url", stack.url),
-                *("--concurrency", "2"),
-            ],
-            env={**os.environ, "STEPLINE_API_KEY": stack.api_key, "PULL_APP_HANG": "1"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = _worker_process(stack, slug, PULL_APP_HANG="1")
         try:
-            for _ in range(400):  # the worker syncs the app as it starts
-                if (await stack.client.get_app(slug))["syncedAt"]:
-                    break
-                assert proc.poll() is None, "the worker process exited"
-                await asyncio.sleep(0.05)
+            await _until_synced(stack, slug, proc)
             run = await stack.client.start_run("hang-once", {"countFile": str(count_file)})
-            for _ in range(400):
-                if count_file.read_text():
-                    break
-                assert proc.poll() is None, "the worker process exited"
-                await asyncio.sleep(0.05)
+            await _until_written(count_file, proc)
             assert count_file.read_text() == f"work {proc.pid}\n"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)

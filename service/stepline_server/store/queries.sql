@@ -441,7 +441,10 @@ SELECT id, project_id, app_id, workflow, status, input, options, cancel_requeste
 FROM runs WHERE id = $1 AND lease_token = $2 AND pull;
 
 -- name: app_polled
-UPDATE apps SET polled_at = now() WHERE id = $1;
+-- A worker of app $1 polls now; written at most once a second (workers of a busy app poll
+-- back to back, and the app's row would be a hot spot).
+UPDATE apps SET polled_at = now()
+WHERE id = $1 AND (polled_at IS NULL OR polled_at < now() - interval '1 second');
 
 -- name: release_held
 -- With lock_workflow held: the oldest held runs of workflow $2 (project $1) with concurrency
