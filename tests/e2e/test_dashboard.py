@@ -16,7 +16,7 @@ import pytest
 
 import stepline
 from stepline_server.store import keys
-from tests.support import Stack, app_server, orchestrator_stack
+from tests.support import Stack, app_server, orchestrator_stack, worker
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -316,3 +316,26 @@ async def test_an_event_sent_from_the_events_page_is_taken(env: Env) -> None:
     assert "Event nobody.waits sent: 0 waiting run(s) resumed, 0 started." in await page.inner_text(
         "body"
     )
+
+
+async def test_a_pull_app_and_a_run_waiting_for_its_worker(env: Env) -> None:
+    """The apps page shows a pull app's kind and no sync button for it; a run of it that no
+    worker has taken says on its page that it waits for a worker."""
+    sl = stepline.Stepline("whsec_ui_pull")
+
+    @sl.workflow("pulled")
+    async def pulled(ctx: stepline.Context, input: Any) -> str:
+        return str(await ctx.step("only", lambda: "ok"))
+
+    app = await env.client.create_app("workers", kind="pull")
+    async with worker(env.stack, sl, app["slug"]):
+        pass  # synced, then gone
+    run = await env.client.start_run("pulled", None)
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/apps")
+    row = page.locator("tr", has_text="workers")
+    assert "pull" in await row.inner_text() and "synced by its workers" in await row.inner_text()
+    assert await row.locator("button").count() == 0
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert "Waiting for a worker" in await page.inner_text("#waiting-for-worker")
