@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ from stepline_server.api.errors import (
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.engine import inputs
+from stepline_server.engine import ids, inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, runs, waits
 from stepline_server.store.db import Conn, Record
@@ -49,7 +48,7 @@ async def start_run(request: Request) -> Response:
     body = await read_model(request, RunStart)
     o = orch(request)
     new = runs.NewRun(
-        id=uuid.uuid4(),
+        id=ids.new_id(),
         project_id=pid,
         workflow=body.workflow,
         input=body.input,
