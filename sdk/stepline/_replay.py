@@ -280,6 +280,15 @@ def judge(r: Replay, run_status: str, input: Any = None) -> Verdict:
                        "(the workflow awaits something other than ctx)")  # fmt: skip
     unreached = r.passed + r.ahead
     summary = f"{count}; {_where(r)}"
+    if r.end is End.WAITING and r.ahead:
+        # Only parallel branches get here: a branch's recorded steps are missing while another
+        # waits. Safe only if the code makes no new step before the run ends.
+        return Verdict(
+            "warn",
+            f"recorded steps not reached before the run waits: {_names(r.ahead)} (a new step "
+            f"made before them would fail the run as nondeterministic); {summary}",
+            unreached=unreached,
+        )
     if unreached:
         return Verdict(
             "warn",

@@ -335,3 +335,17 @@ def test_the_replay_route_answer_becomes_an_invocation() -> None:
     req = _replay.request_of(history)
     assert isinstance(req, InvokeRequest)
     assert (req.run_id, req.input, [s.output for s in req.steps]) == ("r1", {"a": 1}, [3])
+
+
+async def test_a_removed_branch_while_another_waits_warns_of_what_may_fail() -> None:
+    """A gathered branch's recorded step gone while the other branch sleeps: warn, saying a new
+    step before it would fail the run (the engine cannot tell a rename from a removal there)."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> None:
+        await ctx.sleep("nap", "1h")
+        await ctx.step("after", lambda: None)
+
+    steps = [record("nap", "sleep", "sleeping", 0), record("side", "run", "completed", 1)]
+    done, verdict = await check(wf, steps)
+    assert done.end is _replay.End.WAITING and verdict.result == "warn"
+    assert verdict.unreached == ["side"] and "would fail the run" in verdict.summary
