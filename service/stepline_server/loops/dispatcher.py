@@ -398,7 +398,9 @@ class Dispatcher:
                 log.info("invocation_stale")
                 return
             try:
-                plan = plan_updates(str(run_id), response.updates)
+                plan = plan_updates(
+                    str(run_id), response.updates, response.logs, response.logs_dropped
+                )
                 outcome = _outcome(response, result.http_status, result.duration_ms)
             except InvalidUpdate as exc:
                 plan = None

@@ -27,7 +27,7 @@ BUFFER_FULL = "buffer_full"  # buffer_one already held a tick
 SUPERSEDED = "superseded"  # the schedule changed (or paused) while the tick was buffered
 NO_WORKFLOW = "workflow_not_found"  # the workflow is no longer registered
 
-_FIELDS = ("cron", "timezone", "input", "overlap", "misfire", "disable_after")
+_FIELDS = ("cron", "timezone", "input", "overlap", "misfire", "disable_after", "sla_ms")
 
 
 class InvalidTransition(Exception):
@@ -57,6 +57,7 @@ class ScheduleDef:
     overlap: rules.OverlapPolicy = rules.OverlapPolicy.ALLOW
     misfire: rules.MisfirePolicy = rules.MisfirePolicy.FIRE_ONCE
     disable_after: int = rules.DEFAULT_DISABLE_AFTER
+    sla_ms: int | None = None  # the longest start lag its runs should have
 
 
 async def create(
@@ -77,7 +78,14 @@ async def create(
         source,
         rules.next_fire_after(d.cron, d.timezone, now),
         now,
+        d.sla_ms,
     )
+
+
+async def sla_of(conn: Conn, schedule_id: str) -> int | None:
+    """The SLA (ms) a schedule sets on its runs' start lag, None when none (or it is gone)."""
+    value: int | None = await conn.fetchval(Q["schedule_sla"], schedule_id)
+    return value
 
 
 async def get(conn: Conn, project_id: uuid.UUID, schedule_id: str) -> Record | None:
@@ -344,6 +352,7 @@ async def _rewrite(
         rules.next_fire_after(new["cron"], new["timezone"], cursor),
         last_tick,
         now,
+        new["sla_ms"],
     )
     assert updated is not None
     return updated
