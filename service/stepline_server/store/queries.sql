@@ -943,8 +943,8 @@ WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
 RETURNING s.name;
 
 -- name: delete_old_runs
--- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history
--- (each cascade goes through an index). Rows another sweeper is deleting are passed over.
+-- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks, history and
+-- log lines (each cascade goes through an index). Rows another sweeper is deleting are passed over.
 DELETE FROM runs WHERE id IN (
     SELECT id FROM runs
     WHERE ended_at < now() - make_interval(secs => $1::double precision)
