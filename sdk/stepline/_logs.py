@@ -173,6 +173,15 @@ class RunLog:
 class _Capture(logging.Handler):
     """Copies records emitted under :func:`capturing` into that step's buffer."""
 
+    def handle(self, record: logging.LogRecord) -> bool:
+        if _no_other_handler(record):
+            # Being on the root logger must not silence Python's last resort (records printed
+            # to stderr when the app configured no logging).
+            last = logging.lastResort
+            if last is not None and record.levelno >= last.level:
+                last.handle(record)
+        return super().handle(record)
+
     def emit(self, record: logging.LogRecord) -> None:
         current = _step.get()
         if current is None or record.name == "stepline" or record.name.startswith("stepline."):
@@ -190,6 +199,16 @@ class _Capture(logging.Handler):
     def formatter_exception(self, record: logging.LogRecord) -> str:
         assert record.exc_info is not None
         return logging.Formatter().formatException(record.exc_info)[-MAX_LOG_MESSAGE:]
+
+
+def _no_other_handler(record: logging.LogRecord) -> bool:
+    """Whether no handler but ours sees ``record`` (it reached the root logger)."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None:
+        if any(h is not _handler for h in logger.handlers):
+            return False
+        logger = logger.parent
+    return True
 
 
 _handler = _Capture()

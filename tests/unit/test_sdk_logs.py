@@ -8,6 +8,8 @@ import asyncio
 import logging
 from typing import Any
 
+import pytest
+
 import stepline
 from stepline import protocol, testing
 
@@ -183,3 +185,29 @@ async def test_fields_json_cannot_hold_are_kept_as_their_repr() -> None:
     line = result.logs[0]
     assert line.message == "nul\ufffdhere"
     assert line.fields == {"thing": "{1, 2}", "ok": 3}
+
+
+async def test_python_last_resort_still_prints_while_steps_capture(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An app that configured no logging still sees warnings on stderr (Python's last resort)
+    while the capture handler is on the root logger during a step."""
+    sl = stepline.Stepline("whsec_t")
+    quiet = logging.getLogger("tests.sdk_logs.unconfigured")
+
+    def step() -> int:
+        quiet.warning("printed and kept")
+        return 1
+
+    @sl.workflow("w")
+    async def w(ctx: stepline.Context, input: None) -> None:
+        await ctx.step("s", step)
+
+    root = logging.getLogger()
+    saved, root.handlers = root.handlers, []
+    try:
+        result = await testing.run(sl, "w")
+    finally:
+        root.handlers = saved
+    assert [line.message for line in result.logs] == ["printed and kept"]
+    assert "printed and kept" in capsys.readouterr().err
