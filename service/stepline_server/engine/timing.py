@@ -8,7 +8,7 @@ not started yet has breached it once the SLA has passed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class Timing:
 
 
 def _ms(later: datetime, earlier: datetime) -> int:
-    return max(0, round((later - earlier).total_seconds() * 1000))
+    """Whole milliseconds from ``earlier`` to ``later`` (cut, not rounded), never negative."""
+    return max(0, (later - earlier) // timedelta(milliseconds=1))
 
 
 def timing(
