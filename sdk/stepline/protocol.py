@@ -153,6 +153,8 @@ class ScheduleSpec(_Model):
     input: Any = None
     overlap: str = "allow"
     misfire: str = "fire_once"
+    # The longest start lag its runs should have (each run shows slaBreached).
+    sla_ms: int | None = Field(default=None, alias="slaMs", gt=0, le=366 * 86_400_000)
 
 
 class WorkflowInfo(_Model):

@@ -43,6 +43,10 @@ def build_app(state: dict[str, bool]) -> stepline.Stepline:
 
         return await ctx.step("work", work)
 
+    @sl.workflow("nightly", schedule={"cron": YEARLY, "sla": "10m"})
+    async def nightly(ctx: stepline.Context, input: Any) -> None:
+        return None
+
     @sl.workflow("report")
     async def report(ctx: stepline.Context, input: Any) -> str:
         return await ctx.step("make", lambda: "report")
@@ -152,6 +156,16 @@ async def test_a_schedule_sets_an_sla_and_its_runs_show_how_they_kept_to_it(
     assert out.splitlines()[0].split()[-1] == "SLA" and "1m30s" in out
 
 
+async def test_a_schedule_declared_in_code_sets_its_sla(
+    env: tuple[Stack, dict[str, bool]],
+) -> None:
+    """``schedule={"cron": ..., "sla": "10m"}`` on a workflow: app sync makes its schedule with
+    that SLA."""
+    stack, _ = env
+    (code,) = [s for s in (await stack.client.list_schedules())["schedules"]]
+    assert (code["workflow"], code["source"], code["slaMs"]) == ("nightly", "code", 600_000)
+
+
 @pytest.mark.parametrize("sla", [0, -1, "0s", "soon", True, [1], {"s": 1}, 1e300, 400 * 86_400])
 async def test_a_bad_sla_is_refused_and_changes_nothing(
     env: tuple[Stack, dict[str, bool]], sla: Any
@@ -166,7 +180,8 @@ async def test_a_bad_sla_is_refused_and_changes_nothing(
         answer = await http.post("/v1/schedules", json=body)
         assert answer.status_code == 422, answer.text
         assert "sla" in answer.json()["error"]["details"]["fields"]
-        assert (await stack.client.list_schedules())["schedules"] == []
+        listed = (await stack.client.list_schedules())["schedules"]
+        assert [s["workflow"] for s in listed] == ["nightly"]
         made = await stack.client.create_schedule("report", YEARLY, sla="5m")
         answer = await http.patch(f"/v1/schedules/{made['id']}", json={"sla": sla})
         assert answer.status_code == 422, answer.text

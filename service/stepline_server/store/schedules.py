@@ -296,7 +296,8 @@ async def sync_code(
     conn: Conn, app: Record, declared: dict[str, ScheduleDef], now: datetime
 ) -> None:
     """Make the app's code schedules match what its workflows declare: create, change (only
-    when the declaration changed; status and disableAfter are kept) or delete them."""
+    when the declaration changed, the SLA included; status and disableAfter are kept) or
+    delete them."""
     pid = app["project_id"]
     async with conn.transaction():
         for name, d in declared.items():
@@ -310,6 +311,7 @@ async def sync_code(
                 "input": d.input,
                 "overlap": d.overlap.value,
                 "misfire": d.misfire.value,
+                "sla_ms": d.sla_ms,
             }
             changes = {k: v for k, v in wanted.items() if row[k] != v}
             if changes:
