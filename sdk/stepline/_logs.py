@@ -9,7 +9,8 @@ runs and invocations in one process never mix.
 
 Workflow code between steps runs again on every replay, so :class:`RunLog` keeps a line only
 when the code writing it runs for the first time: once the branch has met a step that is not in
-the recorded history (or runs again), or once every recorded step has been met.
+the recorded history (or runs again), or once every recorded step has been met. A kept line
+also goes to the app's own logging (logger ``stepline.run``), which the capture leaves out.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ __all__ = ["LogBuffer", "RunLog", "capturing", "level_of"]
 
 MAX_FIELDS_BYTES = 16 * 1024
 """A line's fields are at most this much JSON; larger ones are replaced by a note saying so."""
+
+app_logger = logging.getLogger("stepline.run")
+"""Where ``ctx.log`` lines go in the app's own logging too (once, never on replay)."""
+
+_LEVELNO = {
+    LogLevel.DEBUG: logging.DEBUG,
+    LogLevel.INFO: logging.INFO,
+    LogLevel.WARNING: logging.WARNING,
+    LogLevel.ERROR: logging.ERROR,
+}
 
 _step: contextvars.ContextVar[tuple[LogBuffer, str] | None] = contextvars.ContextVar(
     "stepline_log_step", default=None
@@ -168,6 +179,12 @@ class RunLog:
         else:
             step_name = None
         self._buffer.add(level, str(message), fields, step_name)
+        if app_logger.isEnabledFor(_LEVELNO[level]):
+            extra = {"run_id": self._ctx.run_id, "workflow": self._ctx.workflow}
+            app_logger.log(
+                _LEVELNO[level], "%s", message,
+                extra={**extra, "step": step_name, "fields": fields},
+            )  # fmt: skip
 
 
 class _Capture(logging.Handler):

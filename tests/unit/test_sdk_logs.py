@@ -211,3 +211,27 @@ async def test_python_last_resort_still_prints_while_steps_capture(
         root.handlers = saved
     assert [line.message for line in result.logs] == ["printed and kept"]
     assert "printed and kept" in capsys.readouterr().err
+
+
+async def test_kept_lines_also_go_to_the_apps_logging_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``ctx.log`` lines show in the app's own log (logger ``stepline.run``, with the run id
+    and fields) as often as they are kept: once, not on every replay; they are not captured a
+    second time into the run."""
+    sl = stepline.Stepline("whsec_t")
+
+    @sl.workflow("w")
+    async def w(ctx: stepline.Context, input: None) -> None:
+        ctx.log.info("hello", n=1)
+        await ctx.sleep("nap", "1s")
+        await ctx.step("s", lambda: ctx.log.warning("inside"))
+
+    with caplog.at_level(logging.DEBUG, logger="stepline.run"):
+        result = await testing.run(sl, "w", run_id="r-1")
+    assert result.invocations == 2
+    assert [line.message for line in result.logs] == ["hello", "inside"]
+    records = [r for r in caplog.records if r.name == "stepline.run"]
+    assert [r.getMessage() for r in records] == ["hello", "inside"]
+    assert records[0].run_id == "r-1" and records[0].fields == {"n": 1}  # type: ignore[attr-defined]
+    assert records[1].step == "s"  # type: ignore[attr-defined]
