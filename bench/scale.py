@@ -15,10 +15,14 @@ from bench import workloads
 from bench.workloads import Bench, Result
 from stepline_server.store.db import Q
 
-# A fresh table of ids, then each table filled from it in one statement.
+# A fresh table of ids, then each table filled from it in one statement. The ids are
+# time-ordered like the orchestrator's (UUIDv7 of the run's creation: run g was created g + 1
+# seconds ago).
 _IDS = """
 CREATE TEMP TABLE fill_ids ON COMMIT DROP AS
-SELECT gen_random_uuid() AS id, g FROM generate_series(1, $1::int) g"""
+SELECT (lpad(to_hex(((extract(epoch FROM now()) - g - 1) * 1000)::bigint), 12, '0') || '7'
+        || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id, g
+FROM generate_series(1, $1::int) g, LATERAL (SELECT md5(random()::text || g) AS h) r"""
 _ENDED_RUNS = """
 INSERT INTO runs (id, project_id, app_id, workflow, status, input, output, created_at,
                   started_at, ended_at, version, next_seq)

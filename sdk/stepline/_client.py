@@ -305,6 +305,10 @@ class _Api(Generic[_D, _N, _I]):
         req = _Request("GET", _path("runs", run_id, "logs"), _params(after=after))
         return self._iterate(req, "logs")
 
+    def get_run_replay(self, run_id: str) -> _D:
+        """The run's input and recorded steps as an invocation carries them (for replays)."""
+        return self._json(_Request("GET", _path("runs", run_id, "replay")))
+
     # callbacks and events
 
     def complete_callback(self, id_or_url: str, body: Any) -> _D:

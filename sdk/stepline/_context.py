@@ -92,6 +92,7 @@ class Context:
         records = sorted(request.steps, key=lambda s: s.position)
         self._records = {record.name: record for record in records}
         self._reached: set[str] = set()
+        self._furthest = -1  # the highest position of a recorded step this execution reached
         self._fresh: list[_Op] = []
         self._futures: list[asyncio.Future[Any]] = []
         self.blocked: list[asyncio.Future[Any]] = []
@@ -315,6 +316,7 @@ class Context:
         if record is not None:
             self._met += 1
             self._check_order(record)
+            self._furthest = max(self._furthest, record.position)
         if record is None or (
             record.kind is StepKind.RUN
             and record.status in (StepStatus.RUNNING, StepStatus.RETRYING)
@@ -403,8 +405,22 @@ class Context:
         return fresh
 
     def unreached(self) -> list[protocol.StepRecord]:
-        """Recorded steps this execution has not reached yet, in recorded order."""
-        return [r for name, r in self._records.items() if name not in self._reached]
+        """Recorded steps this execution has not reached yet, in recorded order, but for those
+        it has passed: a step recorded before one it reached was removed from the code, and
+        its result is never read again."""
+        return [
+            r
+            for name, r in self._records.items()
+            if name not in self._reached and r.position > self._furthest
+        ]
+
+    def passed(self) -> list[protocol.StepRecord]:
+        """Recorded steps this execution skipped: not reached, recorded before one it reached."""
+        return [
+            r
+            for name, r in self._records.items()
+            if name not in self._reached and r.position < self._furthest
+        ]
 
     def request_cancel(self) -> None:
         """Cancellation was requested while the invocation runs."""

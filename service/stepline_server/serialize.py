@@ -116,6 +116,48 @@ def run(
     return data
 
 
+def replay_step(row: Record, now: datetime, callback_url: CallbackUrl) -> dict[str, Any]:
+    """A recorded step as an invocation carries it (``stepline.protocol.StepRecord``): what a
+    replay of the run reads, ``blocked`` when its next attempt is not due at ``now``."""
+    step: dict[str, Any] = {
+        "name": row["name"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "position": row["position"],
+        "attempt": row["attempt"],
+        "output": row["output"],
+        "error": row["error"],
+        "wakeAt": ts(row["wake_at"]),
+        "callbackId": None,
+        "callbackUrl": None,
+        "childRunId": str(row["child_run_id"]) if row["child_run_id"] is not None else None,
+        "timedOut": row["callback_id"] is not None and row["callback_status"] == "timedOut",
+        "blocked": row["status"] == "retrying"
+        and row["wake_at"] is not None
+        and row["wake_at"] > now,
+    }
+    if row["callback_id"] is not None:
+        step["callbackId"] = str(row["callback_id"])
+        step["callbackUrl"] = callback_url(str(row["callback_id"]))
+    return step
+
+
+def replay(
+    row: Record, steps: list[Record], now: datetime, callback_url: CallbackUrl
+) -> dict[str, Any]:
+    """What a replay of a run starts from: its input and recorded steps, in recorded order."""
+    return {
+        "runId": str(row["id"]),
+        "workflow": row["workflow"],
+        "status": row["status"],
+        "input": row["input"],
+        "cancelRequested": row["cancel_requested"],
+        "version": row.get("definition_version"),
+        "deploymentId": row.get("deployment_id"),
+        "steps": [replay_step(s, now, callback_url) for s in steps],
+    }
+
+
 def event(row: Record) -> dict[str, Any]:
     data: dict[str, Any] = {"seq": row["seq"], "at": ts(row["at"]), "type": row["type"]}
     for key, col in (

@@ -243,6 +243,47 @@ async def test_new_step_before_recorded_one_is_nondeterminism() -> None:
     assert ran == [] and sender.calls == [] and answer.updates == []
 
 
+async def test_a_removed_step_the_run_had_passed_is_skipped() -> None:
+    """A recorded step the code no longer makes, with a later recorded step reached, is not
+    nondeterminism: the later steps replay and the new step after them runs."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("a", ran.append, "a")
+        await ctx.sleep("nap", 1)
+        return await ctx.step("d", lambda: "d")
+
+    steps = [
+        record("a", "run", "completed", 0),
+        record("b", "run", "completed", 1, output="b"),
+        record("nap", "sleep", "completed", 2),
+    ]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "completed" and answer.output == "d"
+    assert ran == [] and [brief(c) for c in sender.calls] == [[("start", "d")]]
+
+
+async def test_a_removed_step_at_the_end_of_the_history_is_nondeterminism() -> None:
+    """A new step where the history has a step the code no longer makes (nothing recorded
+    after it was reached) is taken as a rename: nondeterminism, nothing run."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("a", lambda: "a")
+        return await ctx.step("d", lambda: "d")
+
+    steps = [
+        record("a", "run", "completed", 0),
+        record("b", "run", "completed", 1),
+        record("c", "run", "completed", 2),
+    ]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'d'" in answer.error.message and "'b'" in answer.error.message
+    assert sender.calls == []
+
+
 async def test_recorded_steps_met_in_another_order_are_nondeterminism() -> None:
     """Code that meets recorded steps B then A, recorded A then B, fails the run naming both,
     and runs nothing."""

@@ -1,12 +1,12 @@
-"""Routes for runs: start, read (with long poll), search, cancel, retry, history, logs."""
+"""Routes for runs: start, read (with long poll), search, cancel, retry, history, logs,
+replay."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -25,7 +25,7 @@ from stepline_server.api.errors import (
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.engine import inputs
+from stepline_server.engine import ids, inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, runs, waits
 from stepline_server.store.db import Conn, Record
@@ -49,7 +49,7 @@ async def start_run(request: Request) -> Response:
     body = await read_model(request, RunStart)
     o = orch(request)
     new = runs.NewRun(
-        id=uuid.uuid4(),
+        id=ids.new_id(),
         project_id=pid,
         workflow=body.workflow,
         input=body.input,
@@ -295,3 +295,18 @@ async def list_invocations(request: Request) -> Response:
     rows, nxt = _seq_page(rows, limit)
     items = [serialize.invocation(r) for r in rows]
     return json_response({"invocations": items, "nextCursor": nxt})
+
+
+async def get_replay(request: Request) -> Response:
+    """``GET /v1/runs/{runId}/replay``: the run's input and recorded steps as an invocation
+    carries them, for ``stepline replay-check`` to replay against other code."""
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        row = await runs.get(conn, pid, run_id)
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        steps = await runs.steps(conn, run_id)
+    now = datetime.now(UTC)
+    return json_response(serialize.replay(row, steps, now, reads.callback_url(o)))

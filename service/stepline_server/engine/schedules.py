@@ -13,6 +13,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from stepline_server.engine import ids
+
 __all__ = [
     "DEFAULT_DISABLE_AFTER",
     "MisfirePolicy",
@@ -252,7 +254,7 @@ def tick_run_id(schedule_id: str, tick: datetime) -> uuid.UUID:
     """Return the run id of one tick: the same on every orchestrator, for every edit."""
     _require_aware("tick", tick)
     instant = tick.astimezone(UTC).isoformat(timespec="microseconds")
-    return uuid.uuid5(_TICK_NAMESPACE, f"{schedule_id}@{instant}")
+    return ids.derived_id(tick, f"{schedule_id}@{instant}", _TICK_NAMESPACE)
 
 
 def should_disable(consecutive_failures: int, threshold: int = DEFAULT_DISABLE_AFTER) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepline.protocol import Action, LogLine, StepKind, StepStatus, StepUpdate
+from stepline_server.engine import ids
 from stepline_server.engine import logs as run_logs
 
 _NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
@@ -32,12 +33,12 @@ class InvalidUpdate(ValueError):
 
 def child_run_id(run_id: str, step_name: str) -> str:
     """The id of the child run a step starts: derived, so the child starts exactly once."""
-    return str(uuid.uuid5(_NS, f"child:{run_id}:{step_name}"))
+    return str(ids.derived_id(uuid.UUID(run_id), f"child:{run_id}:{step_name}", _NS))
 
 
 def callback_id(run_id: str, step_name: str) -> str:
     """The id of the callback a step creates: derived, so it is the same on every replay."""
-    return str(uuid.uuid5(_NS, f"callback:{run_id}:{step_name}"))
+    return str(ids.derived_id(uuid.UUID(run_id), f"callback:{run_id}:{step_name}", _NS))
 
 
 @dataclass(slots=True)

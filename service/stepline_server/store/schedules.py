@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepline_server.engine import ids
 from stepline_server.engine import schedules as rules
 from stepline_server.engine.runs import RunStatus
 from stepline_server.store import apps, runs
@@ -166,7 +167,7 @@ async def trigger(
     row = await get(conn, project_id, schedule_id)
     if row is None:
         return None
-    run = await runs.insert(conn, _new_run(row, uuid.uuid4(), now, "manual"))
+    run = await runs.insert(conn, _new_run(row, ids.new_id(), now, "manual"))
     if run is None:  # a fresh id: only a workflow no longer registered creates no run
         raise WorkflowGone(f"the workflow {row['workflow']!r} is no longer registered")
     return run

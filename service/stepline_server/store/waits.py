@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from stepline_server.engine import ids
 from stepline_server.engine import runs as rules
 from stepline_server.store import dispatch, runs
 from stepline_server.store.db import Conn, Q, Record
@@ -81,12 +82,12 @@ _NS = uuid.UUID("2b7f6f0e-77d4-4f4c-8d3b-6f1f7c2a9e15")
 def event_row_id(project_id: uuid.UUID, key: str | None) -> uuid.UUID:
     """The stored id of an event: derived from the sender's id (so a second send of it is the
     same row), else new."""
-    return uuid.uuid5(_NS, f"event:{project_id}:{key}") if key is not None else uuid.uuid4()
+    return uuid.uuid5(_NS, f"event:{project_id}:{key}") if key is not None else ids.new_id()
 
 
 def event_run_id(event_id: uuid.UUID, workflow: str) -> uuid.UUID:
     """The id of the run an event starts of a workflow: derived, so it starts exactly once."""
-    return uuid.uuid5(_NS, f"event-run:{event_id}:{workflow}")
+    return ids.derived_id(event_id, f"event-run:{event_id}:{workflow}", _NS)
 
 
 @dataclass(frozen=True)
