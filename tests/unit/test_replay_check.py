@@ -367,6 +367,6 @@ async def test_ctx_log_is_silent_in_a_replay_check(caplog: Any) -> None:
         await approval.wait()
 
     with caplog.at_level(logging.DEBUG, logger="stepline.run"):
-        done, verdict = await check(wf, V1)
+        _, verdict = await check(wf, V1)
     assert verdict.result == "ok" and counts == {}
     assert [r for r in caplog.records if r.name == "stepline.run"] == []
