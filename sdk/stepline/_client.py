@@ -291,6 +291,23 @@ class _Api(Generic[_D, _N, _I]):
         req = _Request("GET", _path("runs", run_id, "events"), _params(after=after))
         return self._iterate(req, "events")
 
+    def list_run_logs(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> _D:
+        """One page of the run's log lines (``seq > after``), with ``logsDropped``."""
+        params = _params(after=after, limit=limit, cursor=cursor)
+        return self._json(_Request("GET", _path("runs", run_id, "logs"), params))
+
+    def iter_run_logs(self, run_id: str, *, after: int | None = None) -> _I:
+        """The run's log lines in order, following ``nextCursor``."""
+        req = _Request("GET", _path("runs", run_id, "logs"), _params(after=after))
+        return self._iterate(req, "logs")
+
     def get_run_replay(self, run_id: str) -> _D:
         """The run's input and recorded steps as an invocation carries them (for replays)."""
         return self._json(_Request("GET", _path("runs", run_id, "replay")))

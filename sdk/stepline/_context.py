@@ -29,6 +29,7 @@ from stepline._errors import (
     SteplineError,
     _Suspended,
 )
+from stepline._logs import LogBuffer, RunLog
 from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
 
@@ -44,6 +45,12 @@ M = TypeVar("M")
 # earlier ones. Keyed to the Context so two invocations never compare their steps.
 _last_recorded: contextvars.ContextVar[tuple[Context, protocol.StepRecord] | None] = (
     contextvars.ContextVar("stepline_last_recorded", default=None)
+)
+
+# The Context whose current branch runs code for the first time: it met a step that is not in
+# the recorded history, or one that runs again. Inherited by the tasks the branch starts.
+_live: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "stepline_live", default=None
 )
 
 
@@ -95,6 +102,16 @@ class Context:
         self._cancel_requested = request.cancel_requested
         self.cancel_raised = False
         self.fatal: SteplineError | None = None
+        self._met = 0  # recorded steps reached so far
+        self.logs = LogBuffer()
+        self.log = RunLog(self, self.logs)
+        """Keep lines on the run: ``ctx.log.info("charged", amount=5)`` (also ``debug``,
+        ``warning``, ``error``). Lines are kept once: replaying recorded steps writes none."""
+
+    def replaying(self) -> bool:
+        """Whether the code running now ran before (its log lines were kept then): the branch
+        has met no new step and some recorded step is not reached yet."""
+        return _live.get() is not self and self._met < len(self._records)
 
     @property
     def cancel_requested(self) -> bool:
@@ -297,8 +314,15 @@ class Context:
                 )
             )
         if record is not None:
+            self._met += 1
             self._check_order(record)
             self._furthest = max(self._furthest, record.position)
+        if record is None or (
+            record.kind is StepKind.RUN
+            and record.status in (StepStatus.RUNNING, StepStatus.RETRYING)
+            and not record.blocked
+        ):
+            _live.set(self)  # what follows in this branch never ran before
         return record
 
     def _check_order(self, record: protocol.StepRecord) -> None:

@@ -86,7 +86,13 @@ class _NoProgress:
     """A replay never reports progress; this sender says so if anything tries."""
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate], seq: int = 0
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[protocol.StepUpdate],
+        seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
         raise RuntimeError("a replay check reports nothing to the orchestrator")
 
@@ -97,6 +103,11 @@ class _ReplayContext(Context):
     def __init__(self, request: protocol.InvokeRequest, definition: WorkflowDef) -> None:
         super().__init__(request, definition)
         self.met: dict[str, StepKind] = {}  # every operation the code made, by name, in order
+
+    def replaying(self) -> bool:
+        """Always: ``ctx.log`` is silent in a replay check (no line kept, none in the app's
+        log), whatever code runs past the recorded steps."""
+        return True
 
     def _enter(self, name: str, kind: StepKind) -> StepRecord | None:
         if not self.closed and isinstance(name, str):

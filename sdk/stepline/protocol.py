@@ -11,6 +11,9 @@ Three exchanges (see docs/protocol.md):
   ``{apiUrl}/v1/invocations/{invocationId}/progress`` with ``Authorization: Bearer {token}``;
   the orchestrator commits the updates and answers :class:`ProgressResponse`.
 
+Log lines (:class:`LogLine`) written since the last call travel with the next progress call or
+the invocation's answer, so they are committed with the steps they belong to.
+
 Both sides import these models, so a change here changes both ends at once.
 """
 
@@ -19,12 +22,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
 
 PROTOCOL_VERSION = 1
+
+MAX_RUN_LOG_LINES = 1000
+"""A run keeps at most this many log lines; past the cap the newest are dropped (and counted)."""
+MAX_RUN_LOG_BYTES = 1024 * 1024
+"""A run keeps at most this many bytes of log lines (each line's message and fields as JSON)."""
+MAX_LOG_MESSAGE = 16 * 1024
+"""A log line's message is at most this many characters (the SDK cuts longer ones)."""
 
 
 class StepKind(StrEnum):
@@ -61,6 +71,15 @@ class Action(StrEnum):
     CALLBACK = "callback"  # create a callback (timeoutMs optional)
     EVENT = "event"  # wait for an event (event, match, timeoutMs)
     INVOKE = "invoke"  # start a child run (workflow, input)
+
+
+class LogLevel(StrEnum):
+    """How much a log line matters (Python's CRITICAL is sent as ``error``)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 class _Model(BaseModel):
@@ -134,6 +153,8 @@ class ScheduleSpec(_Model):
     input: Any = None
     overlap: str = "allow"
     misfire: str = "fire_once"
+    # The longest start lag its runs should have (each run shows slaBreached).
+    sla_ms: int | None = Field(default=None, alias="slaMs", gt=0, le=366 * 86_400_000)
 
 
 class WorkflowInfo(_Model):
@@ -186,12 +207,27 @@ class StepUpdate(_Model):
     input: Any = None
 
 
+class LogLine(_Model):
+    """A line the workflow logged (``ctx.log``) or a ``logging`` record of a step's execution."""
+
+    at: AwareDatetime
+    level: LogLevel
+    message: str = Field(max_length=MAX_LOG_MESSAGE)
+    fields: dict[str, Any] | None = None
+    step_name: str | None = Field(default=None, alias="stepName", min_length=1, max_length=256)
+    """The step whose execution wrote it; None for workflow code between steps."""
+
+
 class ProgressRequest(_Model):
     """Step updates committed during an invocation (one round trip per step)."""
 
     run_id: str = Field(alias="runId")
     updates: list[StepUpdate]
     seq: int = 0  # 1, 2, 3... within an invocation: a call sent again is not applied twice
+    # Log lines written since the last call, in order, and how many the SDK dropped (past the
+    # cap) before them: they are committed with the updates.
+    logs: list[LogLine] = Field(default_factory=list)
+    logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
 
 
 class CallbackInfo(_Model):
@@ -226,6 +262,8 @@ class InvokeResponse(_Model):
     output: Any = None
     error: ErrorInfo | None = None
     deployment_id: str | None = Field(default=None, alias="deploymentId")
+    logs: list[LogLine] = Field(default_factory=list)
+    logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
 
 
 class InvocationAnswer(InvokeResponse):

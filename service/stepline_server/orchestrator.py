@@ -168,4 +168,5 @@ def _code_schedule(workflow: str, spec: ScheduleSpec) -> schedules.ScheduleDef:
         input=spec.input,
         overlap=overlap,
         misfire=misfire,
+        sla_ms=spec.sla_ms,
     )

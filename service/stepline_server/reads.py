@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
-from stepline_server.store import apps, runs
+from stepline_server.store import apps, runs, schedules
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -38,6 +38,9 @@ async def run_json(
     callback with its URL when ``callback_url`` is given."""
     slug = await app_slug(conn, row)
     steps = await runs.steps(conn, row["id"]) if with_steps else None
+    if row["schedule_id"] is not None and "schedule_sla_ms" not in row:
+        # a row read without its schedule's SLA (as a write answers it)
+        row = {**row, "schedule_sla_ms": await schedules.sla_of(conn, row["schedule_id"])}
     data = serialize.run(row, slug, steps, callback_url)
     if with_steps:
         counted = await runs.counters(conn, row["id"])

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from stepline_server.engine.timing import timing
 from stepline_server.store.db import Record
 
 
@@ -82,6 +83,8 @@ def run(
     callback_url: CallbackUrl | None = None,
 ) -> dict[str, Any]:
     started, scheduled = row["started_at"], row["scheduled_at"]
+    sla_ms = row.get("schedule_sla_ms")
+    timed = timing(scheduled, started, row["ended_at"], sla_ms, datetime.now(UTC))
     data: dict[str, Any] = {
         "id": str(row["id"]),
         "traceId": row["id"].hex,  # the run's OpenTelemetry trace id (see tracing.py)
@@ -95,15 +98,18 @@ def run(
         "parentRunId": str(row["parent_run_id"]) if row["parent_run_id"] else None,
         "scheduleId": row["schedule_id"],
         "scheduledAt": ts(scheduled),
-        "startLagMs": int((started - scheduled).total_seconds() * 1000)
-        if started and scheduled
-        else None,
+        "startLagMs": timed.start_lag_ms,
+        "e2eMs": timed.e2e_ms,
+        "slaMs": sla_ms,
+        "slaBreached": timed.sla_breached,
         "trigger": row["trigger"],
         "eventId": str(row["event_id"]) if row.get("event_id") else None,
         "version": row.get("definition_version"),
         "createdAt": ts(row["created_at"]),
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),
+        "logLines": row.get("log_lines", 0),
+        "logsDropped": row.get("logs_dropped", 0),
     }
     if row.get("pull"):  # a pull app's run: whether it is due with no worker running it
         ready = row.get("ready_at")
@@ -178,6 +184,18 @@ def event(row: Record) -> dict[str, Any]:
     return data
 
 
+def log_line(row: Record) -> dict[str, Any]:
+    """One line of a run's log."""
+    return {
+        "seq": row["seq"],
+        "at": ts(row["at"]),
+        "level": row["level"],
+        "message": row["message"],
+        "fields": row["fields"],
+        "stepName": row["step_name"],
+    }
+
+
 def callback(row: Record, url: str) -> dict[str, Any]:
     return {
         "id": str(row["id"]),
@@ -205,6 +223,7 @@ def schedule(row: Record) -> dict[str, Any]:
         "status": row["status"],
         "source": row["source"],
         "disableAfter": row["disable_after"],
+        "slaMs": row["sla_ms"],
         "consecutiveFailures": row["consecutive_failures"],
         "nextFireAt": ts(row["next_fire_at"]) if row["status"] == "active" else None,
         "lastFireAt": ts(row["last_fire_at"]),

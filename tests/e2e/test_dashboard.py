@@ -4,6 +4,7 @@ orchestrator and app: sign in, find and read runs, act on them, and stay safe wh
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ CHROMIUM_ARGS = [
     "--no-default-browser-check",
 ]
 HTML = "<script>window.pwned = 1</script><b id=bold>bold</b><img src=x onerror=alert(1)>"
+page_log = logging.getLogger("tests.dashboard")
 
 
 def build_app(state: dict[str, bool]) -> stepline.Stepline:
@@ -65,6 +67,18 @@ def build_app(state: dict[str, bool]) -> stepline.Stepline:
             return "paid"
 
         return await ctx.step("pay", pay)
+
+    @sl.workflow("logged")
+    async def logged(ctx: stepline.Context, input: Any) -> None:
+        ctx.log.info("starting " + HTML, html=HTML)
+
+        def render() -> str:
+            page_log.warning("rendered " + HTML)
+            return "ok"
+
+        await ctx.step("render", render)
+        await ctx.sleep("nap", "10ms")
+        ctx.log.error("after the nap")
 
     @sl.workflow("echo-html")
     async def echo_html(ctx: stepline.Context, input: Any) -> Any:
@@ -231,6 +245,31 @@ async def test_a_step_output_holding_html_renders_as_text(env: Env) -> None:
     assert HTML in await page.inner_text(".step-output")
     assert await page.locator("#bold").count() == 0
     assert await page.evaluate("window.pwned") is None
+
+
+async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: Env) -> None:
+    """The run page lists the run's log lines (each once, with level, step and fields) and
+    each step's own lines in its row; HTML in a line is text. A schedule's SLA is on the
+    schedules page."""
+    run = await env.client.start_run("logged", None)
+    await env.client.wait_run(run["id"], timeout=20)
+    await env.client.create_schedule("logged", "0 0 1 1 *", sla="90s")
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    rows = page.locator("#logs tr.log")
+    assert await rows.count() == 3
+    texts = [await rows.nth(i).inner_text() for i in range(3)]
+    assert "starting " + HTML in texts[0] and "info" in texts[0].lower()
+    assert "rendered " + HTML in texts[1] and "render" in texts[1]
+    assert "after the nap" in texts[2] and "error" in texts[2].lower()
+    assert "tests.dashboard" in texts[1]
+    await page.click("tr.detail details.step-logs summary")
+    assert "rendered " + HTML in await page.inner_text("tr.detail details.step-logs")
+    assert await page.locator("#bold").count() == 0
+    assert await page.evaluate("window.pwned") is None
+    await page.goto(f"{env.stack.url}/ui/schedules")
+    assert "90000ms" in await page.inner_text("td.sla")
 
 
 async def test_pages_read_without_javascript(env: Env) -> None:

@@ -349,3 +349,24 @@ async def test_a_removed_branch_while_another_waits_warns_of_what_may_fail() -> 
     done, verdict = await check(wf, steps)
     assert done.end is _replay.End.WAITING and verdict.result == "warn"
     assert verdict.unreached == ["side"] and "would fail the run" in verdict.summary
+
+
+async def test_ctx_log_is_silent_in_a_replay_check(caplog: Any) -> None:
+    """A replay check keeps no log line and writes none to the app's log, even for code it
+    runs past the recorded steps."""
+    import logging
+
+    counts: Counts = {}
+
+    async def wf(ctx: stepline.Context, input: Any) -> Any:
+        ctx.log.info("before")
+        await ctx.step("reserve", step, counts, "reserve", {"id": "r1"})
+        await ctx.step("charge", step, counts, "charge", {"paid": 10})
+        approval = await ctx.callback("approval")
+        ctx.log.warning("past every recorded step")
+        await approval.wait()
+
+    with caplog.at_level(logging.DEBUG, logger="stepline.run"):
+        _, verdict = await check(wf, V1)
+    assert verdict.result == "ok" and counts == {}
+    assert [r for r in caplog.records if r.name == "stepline.run"] == []

@@ -24,12 +24,20 @@ class Recorder:
     def __init__(self, cancel: bool = False, stale: bool = False) -> None:
         self.calls: list[list[protocol.StepUpdate]] = []
         self.seqs: list[int] = []
+        self.logs: list[list[str]] = []
         self.cancel, self.stale = cancel, stale
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate], seq: int = 0
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[protocol.StepUpdate],
+        seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
         self.seqs.append(seq)
+        self.logs.append([line.message for line in logs or []])
         self.calls.append(updates)
         if self.stale:
             raise StaleInvocation("another invocation owns the run")
@@ -81,6 +89,25 @@ async def test_each_progress_call_carries_the_previous_result() -> None:
     assert sender.seqs == [1, 2, 3]
     assert answer.status == "completed" and answer.output == 3
     assert brief(answer.updates) == [("complete", "c")]
+
+
+async def test_log_lines_ride_with_the_next_progress_call_or_the_answer() -> None:
+    """A line costs no call of its own: the lines written before a step starts go with that
+    step's progress call, the last ones with the answer."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> int:
+        ctx.log.info("before a")
+        a = await ctx.step("a", lambda: 1)
+        ctx.log.info("before b")
+        b = await ctx.step("b", lambda: a + 1)
+        ctx.log.info("at the end")
+        return b
+
+    sender = Recorder()
+    answer = await invoke(wf, request(), sender)
+    assert sender.seqs == [1, 2]
+    assert sender.logs == [["before a"], ["before b"]]
+    assert [line.message for line in answer.logs] == ["at the end"]
 
 
 async def test_replayed_steps_send_nothing() -> None:

@@ -55,6 +55,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
     Route("/v1/runs/{runId}/events", runs.list_events, methods=["GET"]),
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
+    Route("/v1/runs/{runId}/logs", runs.list_logs, methods=["GET"]),
     Route("/v1/runs/{runId}/replay", runs.get_replay, methods=["GET"]),
     Route("/v1/callbacks/{callbackId}", waits.get_callback, methods=["GET"]),
     Route("/v1/callbacks/{callbackId}", waits.complete_callback, methods=["POST"]),

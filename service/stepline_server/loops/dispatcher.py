@@ -428,7 +428,9 @@ class Dispatcher:
             return False
         plan: Plan | None
         try:
-            plan = plan_updates(str(claim["id"]), response.updates)
+            plan = plan_updates(
+                str(claim["id"]), response.updates, response.logs, response.logs_dropped
+            )
             outcome = _outcome(response, http_status, duration_ms)
         except InvalidUpdate as exc:
             plan = None

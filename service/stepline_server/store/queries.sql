@@ -197,11 +197,13 @@ SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.run_key = $2;
 
 -- name: get_run
--- The run, its app's slug and the deployment of its last invocation that named one.
+-- The run, its app's slug, the deployment of its last invocation that named one and the SLA
+-- of its schedule.
 SELECT r.*, a.slug AS app_slug,
        (SELECT e.deployment_id FROM run_events e
         WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
-        ORDER BY e.seq DESC LIMIT 1) AS deployment_id
+        ORDER BY e.seq DESC LIMIT 1) AS deployment_id,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.id = $2;
 
@@ -213,7 +215,9 @@ FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
 -- name: search_runs
-SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+SELECT r.*, a.slug AS app_slug,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
+FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1
   AND ($2::text IS NULL OR r.workflow = $2)
   AND ($3::run_status IS NULL OR r.status = $3)
@@ -223,6 +227,13 @@ WHERE r.project_id = $1
   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))
 ORDER BY r.created_at DESC, r.id DESC
 LIMIT $9;
+
+-- name: list_logs
+-- The log lines of run $1 (project $2) after seq $3, in order, at most $4.
+SELECT l.* FROM run_logs l
+WHERE l.run_id = $1 AND l.project_id = $2 AND l.seq > $3
+ORDER BY l.seq
+LIMIT $4;
 
 -- name: list_events
 SELECT e.* FROM run_events e
@@ -602,9 +613,12 @@ ORDER BY q.run_id, s.position;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
--- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
--- invocation_id, n_events, seq, digest}], $2: changes and $3: events, each with run_id and
--- ord (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run
+-- holding the run's lease, and appends their history and log lines, in one statement. $1:
+-- [{run_id, token, invocation_id, n_events, seq, digest, logs_dropped}], $2: changes and $3:
+-- events, each with run_id and ord (1-based, per run), $4: callbacks to create [{run_id, id,
+-- step_name, timeout_ms}], $5: log lines [{run_id, ord, at, level, message, fields, step_name,
+-- size}], kept in order while the run's log has room ($6 lines, $7 bytes in all; once a line
+-- did not fit, none newer is kept) and counted as dropped past it. A run
 -- comes back with no row (nothing written: the caller must stop) when the token or the
 -- invocation is not the one holding the run, when the run is past its time limit, or when the
 -- call repeats an applied seq with another body (digest: a second execution of the
@@ -615,11 +629,12 @@ WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
             AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint,
-                 digest text)
+                 digest text, logs_dropped integer)
         WHERE jsonb_typeof(item) = 'object'
 ),
 held AS (
-    SELECT runs.id, runs.progress_at, runs.progress_seq, runs.progress_digest
+    SELECT runs.id, runs.progress_at, runs.progress_seq, runs.progress_digest, runs.log_lines,
+           runs.log_bytes, runs.logs_dropped
     FROM q JOIN runs ON runs.id = q.run_id
     WHERE runs.lease_token = q.token AND runs.invocation_id = q.invocation_id
       AND runs.status IN ('running', 'cancelling')
@@ -647,13 +662,38 @@ callbacks_in AS MATERIALIZED (
         AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
         WHERE jsonb_typeof(item) = 'object'
 ),
+logs_in AS MATERIALIZED (
+    SELECT x.* FROM jsonb_array_elements($5::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+        AS x(run_id uuid, ord integer, at timestamptz, level text, message text, fields jsonb,
+             step_name text, size integer)
+        WHERE jsonb_typeof(item) = 'object'
+),
+-- Each line's seq in the run's log and whether it fits (the run is locked: its counts hold).
+logs_fit AS MATERIALIZED (
+    SELECT l.*, h.log_lines + l.ord AS seq,
+           h.logs_dropped = 0 AND h.log_lines + l.ord <= $6::integer
+           AND h.log_bytes + sum(l.size) OVER (PARTITION BY l.run_id ORDER BY l.ord)
+               <= $7::bigint AS fits
+    FROM logs_in l JOIN held h ON h.id = l.run_id
+),
+logs_count AS (
+    SELECT run_id, count(*) FILTER (WHERE fits) AS kept,
+           coalesce(sum(size) FILTER (WHERE fits), 0) AS bytes,
+           count(*) FILTER (WHERE NOT fits) AS dropped
+    FROM logs_fit GROUP BY run_id
+),
 r AS (
     UPDATE runs
     SET next_seq = runs.next_seq + q.n_events,
         progress_at = now(),
         progress_seq = greatest(runs.progress_seq, q.seq),
-        progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END
+        progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END,
+        log_lines = runs.log_lines + coalesce(lc.kept, 0),
+        log_bytes = runs.log_bytes + coalesce(lc.bytes, 0),
+        logs_dropped = runs.logs_dropped + coalesce(lc.dropped, 0)
+                       + coalesce(q.logs_dropped, 0)
     FROM q JOIN held AS before ON before.id = q.run_id
+         LEFT JOIN logs_count lc ON lc.run_id = q.run_id
     WHERE runs.id = q.run_id AND (q.seq = 0 OR before.progress_seq < q.seq)
     RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
               runs.cancel_requested, q.invocation_id, before.progress_at AS since
@@ -704,6 +744,12 @@ e AS (
     SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, r.invocation_id,
            x.deployment_id, x.http_status, x.duration_ms, x.data
     FROM history_in x JOIN r ON r.id = x.run_id
+),
+lg AS (
+    INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)
+    SELECT r.id, l.seq, r.project_id, l.at, l.level, l.message, l.fields, l.step_name
+    FROM logs_fit l JOIN r ON r.id = l.run_id
+    WHERE l.fits
 )
 SELECT runs.id, runs.cancel_requested, runs.project_id, r.id IS NOT NULL AS applied
 FROM q
@@ -716,7 +762,7 @@ WHERE r.id IS NOT NULL
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
                   options, deadline_at, ready_at, definition_version, pull)
-SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'invoke', w.options,
+SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
        now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
        now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id)
 FROM workflows w WHERE w.project_id = $2 AND w.name = $3
@@ -866,11 +912,16 @@ WHERE run_id = $1
       SELECT min(position) FROM steps
       WHERE run_id = $1 AND status IN ('failed', 'cancelled', 'running', 'retrying')));
 
+-- name: run_trigger
+SELECT trigger FROM runs WHERE id = $1;
+
 -- name: step_position
 SELECT position FROM steps WHERE run_id = $1 AND name = $2;
 
 -- name: restart_run
+-- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).
 UPDATE runs SET
+    trigger = coalesce($2::text, trigger),
     status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
     invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
     version = version + 1,
@@ -976,8 +1027,8 @@ WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
 RETURNING s.name;
 
 -- name: delete_old_runs
--- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history
--- (each cascade goes through an index). Rows another sweeper is deleting are passed over.
+-- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks, history and
+-- log lines (each cascade goes through an index). Rows another sweeper is deleting are passed over.
 DELETE FROM runs WHERE id IN (
     SELECT id FROM runs
     WHERE ended_at < now() - make_interval(secs => $1::double precision)
