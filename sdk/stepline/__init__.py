@@ -16,7 +16,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
-from stepline._workflow import Concurrency, Retries, Stepline, __version__
+from stepline._workflow import Concurrency, RateLimit, Retries, Stepline, __version__
 
 __all__ = [
     "ApiError",
@@ -29,6 +29,7 @@ __all__ = [
     "Concurrency",
     "Context",
     "NondeterminismError",
+    "RateLimit",
     "Retries",
     "RetryableError",
     "StepFailed",

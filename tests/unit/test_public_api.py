@@ -8,7 +8,8 @@ import stepline
 
 EXPECTED = {
     "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "Retries",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "RateLimit",
+    "Retries",
     "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "__version__", "parse_duration", "protocol",
 }  # fmt: skip

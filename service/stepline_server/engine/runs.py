@@ -24,6 +24,8 @@ ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # a run's priority: among due runs, higher goes first
+
 END_EVENT = {
     RunStatus.COMPLETED: "run.completed",
     RunStatus.FAILED: "run.failed",

@@ -117,6 +117,8 @@ CREATE TABLE runs (
     concurrency_key text,
     singleton_key text,
     definition_version integer,
+    priority smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
+    rate_key text,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -131,16 +133,20 @@ COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run o
 COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
 COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
 COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its workflow when the run was started.';
+COMMENT ON COLUMN runs.priority IS 'Among due runs of a workflow, higher priority is claimed first (-100 to 100, default 0).';
+COMMENT ON COLUMN runs.rate_key IS 'The value of the workflow''s rate limit key field in the input: the limit counts starts per value (NULL: the field is missing, or the limit has no key).';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
 CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
 CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
 CREATE INDEX runs_leased ON runs (project_id, workflow, concurrency_key) WHERE lease_token IS NOT NULL;
-CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, created_at) WHERE held;
+CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, priority DESC, created_at) WHERE held;
 CREATE UNIQUE INDEX runs_singleton ON runs (project_id, workflow, singleton_key)
     WHERE singleton_key IS NOT NULL AND ended_at IS NULL;
 CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
