@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,7 +12,9 @@ import httpx
 import pytest
 
 import stepline
-from tests.support import Stack, app_server, orchestrator_stack
+from stepline_server.store import apps, keys
+from tests.e2e.test_egress import internal_service
+from tests.support import Stack, app_server, orchestrator_stack, serve
 
 
 def at(value: str) -> datetime:
@@ -157,3 +160,29 @@ async def test_a_priority_out_of_range_or_not_an_integer_is_refused(
     assert error["code"] == "validation_failed"
     assert "priority" in error["details"]["fields"]
     assert runs == []
+
+
+async def test_a_sync_describing_a_cap_and_a_rate_limit_registers_nothing(
+    database_url: str,
+) -> None:
+    """An app (not the SDK, which refuses it) describing a workflow with both a concurrency cap
+    and a rate limit: the sync fails saying so, and no workflow is registered."""
+    described = {
+        "workflows": [
+            {"name": "both", "concurrency": 1, "rateLimit": {"limit": 1, "periodMs": 1000}}
+        ]
+    }
+    calls: Counter[str] = Counter()
+    body = json.dumps(described).encode()
+    async with (
+        orchestrator_stack(database_url) as stack,
+        serve(internal_service(calls, status=200, body=body)) as url,
+        api(stack) as http,
+    ):
+        async with stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, "both", f"{url}/", None)
+        synced = await http.post(f"/v1/apps/{row['slug']}/sync")
+        workflows = (await stack.client.list_workflows())["workflows"]
+    assert synced.status_code == 502, synced.text
+    assert "both a concurrency cap and a rate limit" in synced.json()["error"]["message"]
+    assert workflows == []
