@@ -234,8 +234,9 @@ async def test_a_step_output_holding_html_renders_as_text(env: Env) -> None:
 
 
 async def test_pages_read_without_javascript(env: Env) -> None:
-    """With JavaScript off, signing in, the runs list and a run's page all work."""
-    run = await env.client.start_run("onboard", {"user": "nojs"})
+    """With JavaScript off, signing in, the runs list and a run's page (with its priority) all
+    work."""
+    run = await env.client.start_run("onboard", {"user": "nojs"}, priority=7)
     await env.client.wait_run(run["id"], timeout=20)
     context = await env.browser.new_context(java_script_enabled=False)
     page = await context.new_page()
@@ -247,6 +248,7 @@ async def test_pages_read_without_javascript(env: Env) -> None:
         await page.wait_for_url(f"**/ui/{name}")
     await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
     assert await page.inner_text("#run-status") == "completed"
+    assert "Priority\n7" in await page.inner_text(".facts")
     await context.close()
 
 
