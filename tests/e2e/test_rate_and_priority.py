@@ -77,7 +77,7 @@ async def test_a_rate_limit_spreads_starts_over_its_windows_and_loses_none(
 async def test_a_rate_limit_key_limits_each_value_on_its_own(database_url: str) -> None:
     """RateLimit(limit=1, period="1h", key="userId"): the first run of each user starts and
     completes; the second of u1 waits (running, never invoked, no startedAt) while u2 and u3
-    are not held back by it."""
+    are not held back by it; cancelled, it ends cancelled at once instead of waiting its turn."""
     sl = stepline.Stepline("rate-key-secret")
 
     @sl.workflow("per-user", rate_limit=stepline.RateLimit(limit=1, period="1h", key="userId"))
@@ -93,10 +93,13 @@ async def test_a_rate_limit_key_limits_each_value_on_its_own(database_url: str) 
         done = [await client.wait_run(r["id"], timeout=30) for r in (first, *others)]
         waiting = await client.get_run(second["id"])
         never = await invocations(stack, second["id"])
+        await client.cancel_run(second["id"])
+        cancelled = await client.wait_run(second["id"], timeout=30)
     assert [d["status"] for d in done] == ["completed"] * 3
     assert [d["output"] for d in done] == ["u1", "u2", "u3"]
     assert waiting["status"] == "running" and waiting["startedAt"] is None
     assert never == []
+    assert cancelled["status"] == "cancelled"
 
 
 async def test_runs_of_a_serial_workflow_go_in_priority_order(database_url: str) -> None:
@@ -186,3 +189,25 @@ async def test_a_sync_describing_a_cap_and_a_rate_limit_registers_nothing(
     assert synced.status_code == 502, synced.text
     assert "both a concurrency cap and a rate limit" in synced.json()["error"]["message"]
     assert workflows == []
+
+
+async def test_a_child_run_takes_its_parents_priority(database_url: str) -> None:
+    """A run started with priority 5 invokes a child: the child run has priority 5 too."""
+    sl = stepline.Stepline("priority-child-secret")
+
+    @sl.workflow("parent")
+    async def parent(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.invoke("child", "child", {"n": 1})
+
+    @sl.workflow("child")
+    async def child(ctx: stepline.Context, input: Any) -> Any:
+        return input["n"]
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        run = await stack.client.start_run("parent", None, priority=5)
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        [step] = done["steps"]
+        kid = await stack.client.get_run(step["childRunId"])
+    assert done["status"] == "completed" and done["output"] == 1
+    assert (done["priority"], kid["priority"]) == (5, 5)

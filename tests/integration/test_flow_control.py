@@ -132,3 +132,27 @@ async def test_the_claim_reads_an_index_however_many_runs_wait(database_url: str
         assert len(claimed) == 10
     finally:
         await conn.close()
+
+
+async def test_a_rate_limited_run_goes_by_priority_and_never_waits_past_its_deadline(
+    database_url: str,
+) -> None:
+    """Limit 1 an hour and a time limit of a minute, runs of priority 0, 5 and -1 due together:
+    the claim starts the one of priority 5; the two left come due at their deadlines (to be
+    ended timedOut then), not an hour later."""
+    conn = await db.connect(database_url)
+    try:
+        await registered(conn, [("limited", {**LIMITED, "timeoutMs": 60_000})])
+        others = [await start(conn, "limited")]
+        urgent = await start(conn, "limited", priority=5)
+        others.append(await start(conn, "limited", priority=-1))
+        [claim] = await dispatch.claim(conn, "o", 60, 10)
+        assert claim["id"] == urgent
+        rows = await conn.fetch(
+            "SELECT ready_at, deadline_at, started_at FROM runs WHERE id = ANY($1::uuid[])",
+            others,
+        )
+        assert [r["started_at"] for r in rows] == [None, None]
+        assert all(r["ready_at"] == r["deadline_at"] for r in rows), rows
+    finally:
+        await conn.close()

@@ -49,6 +49,12 @@ def check_cancel(status: str) -> bool:
     return status == RunStatus.RUNNING
 
 
+def cancels_at_once(started_at: datetime | None, lease_token: str | None) -> bool:
+    """Whether a cancel request ends the run at once: it was never invoked (it waits for a rate
+    limit's window, a concurrency slot or a dispatcher), so no cleanup step can run."""
+    return started_at is None and lease_token is None
+
+
 def check_retry(status: str) -> None:
     """Raise unless the run is failed, cancelled or timed out."""
     if status not in RETRYABLE:
