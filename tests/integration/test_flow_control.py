@@ -101,8 +101,9 @@ async def test_due_runs_are_claimed_higher_priority_first(database_url: str) -> 
 
 
 async def test_the_claim_reads_an_index_however_many_runs_wait(database_url: str) -> None:
-    """With 20,000 runs asleep (ready later) at three priorities and ten due, the claim's plan
-    (generic, as the pool runs it) reads runs through indexes only: no sequential scan of runs."""
+    """With 20,000 runs asleep (ready later, each with its sleeping step) at three priorities
+    and ten due, the claim's plan (generic, as the pool runs it) reads runs and steps through
+    indexes only: no sequential scan of either."""
     conn = await db.connect(database_url)
     try:
         await registered(conn, [("wf", {})])
@@ -114,9 +115,13 @@ async def test_the_claim_reads_an_index_however_many_runs_wait(database_url: str
             PROJECT,
             app_id,
         )
+        await conn.execute(
+            """INSERT INTO steps (run_id, name, project_id, kind, status, position, wake_at)
+               SELECT id, 'nap', project_id, 'sleep', 'sleeping', 1, ready_at FROM runs""",
+        )
         for n in range(10):
             await start(conn, "wf", priority=n % 2)
-        await conn.execute("ANALYZE runs")
+        await conn.execute("ANALYZE runs, steps")
         for name, value in db.SESSION_SETTINGS.items():
             await conn.execute(f"SET {name} = '{value}'")
         async with conn.transaction():
@@ -124,10 +129,10 @@ async def test_the_claim_reads_an_index_however_many_runs_wait(database_url: str
                 f"PREPARE claim(int, text, float8, float8, bool) AS {db.Q['claim_due']}"
             )
             plan = "\n".join(
-                r[0] for r in await conn.fetch("EXPLAIN EXECUTE claim(64, 'o', 30, 0, true)")
+                r[0] for r in await conn.fetch("EXPLAIN EXECUTE claim(64, 'o', 30, 0.05, true)")
             )
-            claimed = await conn.fetch("EXECUTE claim(64, 'o', 30, 0, true)")
-        assert "Seq Scan on runs" not in plan, plan
+            claimed = await conn.fetch("EXECUTE claim(64, 'o', 30, 0.05, true)")
+        assert "Seq Scan" not in plan, plan
         assert "runs_ready_priority" in plan, plan
         assert len(claimed) == 10
     finally:

@@ -280,10 +280,12 @@ due AS (
           AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
                OR deadline_at <= now())
           AND ($5::boolean OR lease_token IS NULL)
+          -- (A scalar subquery, read by the run's key: an EXISTS here may be planned as a
+          -- hash of every sleeping step.)
           AND (ready_at <= now()
-               OR EXISTS (SELECT 1 FROM steps s
-                          WHERE s.run_id = runs.id AND s.status = 'sleeping'
-                            AND s.wake_at <= now() + make_interval(secs => $4::double precision)))
+               OR (SELECT min(s.wake_at) FROM steps s
+                   WHERE s.run_id = runs.id AND s.status = 'sleeping')
+                  <= now() + make_interval(secs => $4::double precision))
         ORDER BY ready_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED
