@@ -286,7 +286,7 @@ WITH RECURSIVE levels AS (
             ORDER BY r.priority DESC LIMIT 1)
     FROM levels l WHERE l.priority IS NOT NULL
 ),
-due AS (
+push_due AS (
     SELECT c.* FROM levels l CROSS JOIN LATERAL (
         SELECT id, priority, ready_at, lease_token AS old_token
         FROM runs
@@ -307,14 +307,20 @@ due AS (
         FOR UPDATE SKIP LOCKED
     ) c
     WHERE l.priority IS NOT NULL
-    UNION ALL
-    (SELECT id, priority, ready_at, lease_token AS old_token
-     FROM runs
-     WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
-       AND ($5::boolean OR lease_token IS NULL)
-     ORDER BY deadline_at
-     LIMIT $1
-     FOR UPDATE SKIP LOCKED)
+    ORDER BY c.priority DESC, c.ready_at
+    LIMIT $1
+),
+pull_overdue AS (
+    SELECT id, priority, ready_at, lease_token AS old_token
+    FROM runs
+    WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
+      AND ($5::boolean OR lease_token IS NULL)
+    ORDER BY deadline_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT * FROM (SELECT * FROM push_due UNION ALL SELECT * FROM pull_overdue) d
     ORDER BY priority DESC, ready_at
     LIMIT $1
 ),
