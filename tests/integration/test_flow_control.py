@@ -126,12 +126,13 @@ async def test_the_claim_reads_an_index_however_many_runs_wait(database_url: str
             await conn.execute(f"SET {name} = '{value}'")
         async with conn.transaction():
             await conn.execute(
-                f"PREPARE claim(int, text, float8, float8, bool) AS {db.Q['claim_due']}"
+                f"PREPARE claim(int, text, float8, float8, bool, uuid[]) AS {db.Q['claim_due']}"
             )
             plan = "\n".join(
-                r[0] for r in await conn.fetch("EXPLAIN EXECUTE claim(64, 'o', 30, 0.05, true)")
+                r[0]
+                for r in await conn.fetch("EXPLAIN EXECUTE claim(64, 'o', 30, 0.05, true, '{}')")
             )
-            claimed = await conn.fetch("EXECUTE claim(64, 'o', 30, 0.05, true)")
+            claimed = await conn.fetch("EXECUTE claim(64, 'o', 30, 0.05, true, '{}')")
         assert "Seq Scan" not in plan, plan
         assert "runs_ready_priority" in plan, plan
         assert len(claimed) == 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,14 +24,21 @@ async def claim(
     lead: float = 0.0,
     *,
     takeovers: bool = True,
+    holding: Sequence[uuid.UUID] = (),
 ) -> list[Record]:
     """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator, higher
     priority first; each row's ``due_in`` says in how many seconds it is due. Runs of a workflow
     with a concurrency cap are claimed one workflow at a time under its lock
     (:func:`claim_capped`), and runs of a workflow with a rate limit that have not started yet
     one rate key value at a time under its lock (:func:`claim_rate_limited`). Without
-    ``takeovers``, runs whose lease expired are left to their holders."""
-    claimed = list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead, takeovers))
+    ``takeovers``, runs whose lease expired are left to their holders. ``holding``: the runs this
+    orchestrator is invoking now, never taken again while it does (a beat that came late
+    let their leases run out, but their invocations are alive)."""
+    claimed = list(
+        await conn.fetch(
+            Q["claim_due"], limit, owner, lease_seconds, lead, takeovers, list(holding)
+        )
+    )
     room = limit - len(claimed)
     if room > 0:
         groups = await conn.fetch(Q["due_gated_groups"])

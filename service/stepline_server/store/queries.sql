@@ -272,7 +272,8 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 -- Without takeovers ($5 false), a run whose lease expired is left to its holder (the dispatcher
 -- asks so just after the database was away). taken_over: the run still had a lease, run out
 -- (its orchestrator died or stalled). Runs of pull apps are left to their workers' polls
--- (claim_pull), but claimed here once past their deadline, to be ended.
+-- (claim_pull), but claimed here once past their deadline, to be ended. The runs in $6 are
+-- being invoked by this orchestrator: never taken again while they are.
 -- The priorities present are walked one index probe each (levels; nearly always one), and each
 -- level's due runs are read in ready_at order from runs_ready_priority: the claim reads what it
 -- takes, however many runs wait for a later time. The runs taken are updated through the
@@ -292,6 +293,7 @@ push_due AS (
         FROM runs
         WHERE priority = l.priority AND NOT pull
           AND ready_at <= now() + make_interval(secs => $4::double precision)
+          AND NOT (id = ANY ($6::uuid[]))
           AND (NOT options ? 'concurrency' OR deadline_at <= now())
           AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
                OR deadline_at <= now())
