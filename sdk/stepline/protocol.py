@@ -10,6 +10,9 @@ Three exchanges (see docs/protocol.md):
 - ``progress``: while an invocation runs, the SDK POSTs :class:`ProgressRequest` to
   ``{apiUrl}/v1/invocations/{invocationId}/progress`` with ``Authorization: Bearer {token}``;
   the orchestrator commits the updates and answers :class:`ProgressResponse`.
+- ``result``: a step result over 256 KiB comes in the invocation as an :class:`OutputRef`;
+  the SDK GETs ``{apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``
+  with the same token when the workflow reads it, and the answer is the result's JSON.
 
 Both sides import these models, so a change here changes both ends at once.
 """
@@ -25,6 +28,9 @@ SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
 
 PROTOCOL_VERSION = 1
+
+INLINE_RESULT_BYTES = 256 * 1024
+"""Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
 
 
 class StepKind(StrEnum):
@@ -77,6 +83,14 @@ class ErrorInfo(_Model):
     traceback: str | None = None
 
 
+class OutputRef(_Model):
+    """A step result too large to carry inline: its size in bytes and the ``md5:`` digest of
+    its JSON text, fetched by the step's position when replay reads it."""
+
+    size: int
+    digest: str
+
+
 class StepRecord(_Model):
     """A recorded step, as the orchestrator sends it in an invocation."""
 
@@ -94,6 +108,8 @@ class StepRecord(_Model):
     timed_out: bool = Field(default=False, alias="timedOut")
     blocked: bool = Field(default=False, alias="blocked")
     """A retrying step whose next attempt is not due yet: its branch waits."""
+    output_ref: OutputRef | None = Field(default=None, alias="outputRef")
+    """Set instead of ``output`` when the result is large: fetch it by reference."""
 
 
 class InvokeRequest(_Model):
@@ -109,6 +125,7 @@ class InvokeRequest(_Model):
     attempt: int = 1
     cancel_requested: bool = Field(default=False, alias="cancelRequested")
     steps: list[StepRecord] = Field(default_factory=list)
+    generation: int = 1  # counts from 1; each continue_as_new starts the next, with no steps
 
 
 class DescribeRequest(_Model):
@@ -192,6 +209,7 @@ class ProgressRequest(_Model):
     run_id: str = Field(alias="runId")
     updates: list[StepUpdate]
     seq: int = 0  # 1, 2, 3... within an invocation: a call sent again is not applied twice
+    generation: int = 1  # the invocation's: the ids of callbacks and children it makes count it
 
 
 class CallbackInfo(_Model):
@@ -216,6 +234,7 @@ class InvokeStatus(StrEnum):
     SUSPENDED = "suspended"  # every branch is blocked on a sleep, wait, child or retry
     CANCELLED = "cancelled"  # the workflow finished after a cancel request
     STALE = "stale"  # the orchestrator refused a progress call: another invocation owns the run
+    CONTINUED = "continued"  # ctx.continue_as_new: start the next generation with input
 
 
 class InvokeResponse(_Model):
@@ -226,6 +245,7 @@ class InvokeResponse(_Model):
     output: Any = None
     error: ErrorInfo | None = None
     deployment_id: str | None = Field(default=None, alias="deploymentId")
+    input: Any = None  # continued: the next generation's input
 
 
 def dump(model: BaseModel) -> dict[str, Any]:

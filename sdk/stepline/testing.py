@@ -6,7 +6,8 @@ engine the ASGI handler uses, again and again, with a small in-memory orchestrat
 retry delays are over at once, callbacks and events are answered from the given dicts (keyed by
 step name, or for events by event name) or time out when absent, and child workflows of the same
 :class:`~stepline.Stepline` run in-process. Each invocation replays the history recorded so far,
-exactly as in production, so nondeterminism shows up here too.
+exactly as in production, so nondeterminism shows up here too. ``ctx.continue_as_new`` starts
+the next generation with an empty history, as the orchestrator does.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class _MemoryRun:
         """Commit updates as the orchestrator would; create the callbacks asked for."""
         created = self.apply(updates)
         return protocol.ProgressResponse(cancelRequested=self.cancel_requested, callbacks=created)
+
+    async def result(self, request: protocol.InvokeRequest, record: StepRecord) -> Any:
+        """Results are kept inline in memory: never asked for."""
+        return record.output
 
     def apply(self, updates: list[StepUpdate]) -> dict[str, protocol.CallbackInfo]:
         created: dict[str, protocol.CallbackInfo] = {}
@@ -190,14 +195,20 @@ async def run(
         sl, workflow, input, run_id or f"test-{workflow}", callbacks or {}, events or {},
         cancel_after,
     )  # fmt: skip
+    generation = 1
     for number in range(1, max_invocations + 1):
         request = protocol.InvokeRequest(
             runId=memory.run_id, workflow=workflow, input=input, invocationId=f"inv-{number}",
             token="test", apiUrl="memory://", cancelRequested=memory.cancel_requested,
             steps=[r.model_copy(deep=True) for r in memory.steps.values()],
+            generation=generation,
         )  # fmt: skip
         response = await Invocation(definition, request, memory).run()
         memory.apply(response.updates)
+        if response.status is protocol.InvokeStatus.CONTINUED:
+            input, generation = response.input, generation + 1
+            memory.steps, memory.waits = {}, {}
+            continue
         if response.status is not protocol.InvokeStatus.SUSPENDED:
             memory.close_open_steps()
             return RunResult(

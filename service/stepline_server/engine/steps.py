@@ -105,9 +105,12 @@ class Plan:
         return bool(self.children or self.event_waits)
 
 
-def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
-    """Turn the SDK's updates into rows and events; a later update of a step wins its row."""
+def plan_updates(run_id: str, updates: list[StepUpdate], generation: int = 1) -> Plan:
+    """Turn the SDK's updates into rows and events; a later update of a step wins its row.
+    The ids of callbacks and children count the run's ``generation`` past the first, so a step
+    of a later generation never meets one an earlier generation made under the same name."""
     plan = Plan()
+    key = run_id if generation <= 1 else f"{run_id}/{generation}"
     by_name: dict[str, StepChange] = {}
     for u in updates:
         status, event_type, kinds = _ACTIONS[u.action]
@@ -115,7 +118,7 @@ def plan_updates(run_id: str, updates: list[StepUpdate]) -> Plan:
             raise InvalidUpdate(
                 f"step {u.name!r}: action {u.action} does not apply to kind {u.kind}"
             )
-        change = _change(run_id, u, status)
+        change = _change(key, u, status)
         by_name[u.name] = change
         plan.events.append(_event(event_type, u, change))
         if u.action is Action.CALLBACK:

@@ -117,6 +117,7 @@ CREATE TABLE runs (
     concurrency_key text,
     singleton_key text,
     definition_version integer,
+    generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -131,6 +132,7 @@ COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run o
 COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
 COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
 COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its workflow when the run was started.';
+COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
@@ -163,8 +165,12 @@ CREATE TABLE steps (
     child_run_id uuid,
     event_name text,
     match jsonb,
+    output_bytes integer GENERATED ALWAYS AS (octet_length(output::text)) STORED,
+    output_digest text GENERATED ALWAYS AS (md5(output::text)) STORED,
     PRIMARY KEY (run_id, name)
 );
+COMMENT ON COLUMN steps.output_bytes IS 'Bytes of the result''s JSON text (NULL without one): large results are sent to the app by reference.';
+COMMENT ON COLUMN steps.output_digest IS 'MD5 of the result''s JSON text, so the SDK can check a result it fetched by reference.';
 CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
 
 CREATE TABLE callbacks (
