@@ -9,6 +9,8 @@ import hashlib
 import json
 from typing import Any
 
+import httpx
+
 import stepline
 from stepline._transport import Transport
 from tests.support import Stack, app_server, orchestrator_stack, serve
@@ -233,3 +235,30 @@ async def test_the_history_limit_fails_a_run(database_url: str) -> None:
     assert heavy_done["status"] == "failed"
     assert heavy_done["error"]["code"] == "history_limit_exceeded"
     assert -1 not in calls
+
+
+async def test_the_result_route_refuses_what_it_cannot_answer(database_url: str) -> None:
+    """Without the invocation's token: 401; a token for an invocation that holds no run: 409
+    stale_invocation; a position or run id that is not one: 422 naming the field. Each in the
+    error shape."""
+    invocation = "6f1c2a9e-0d7b-4c53-9a43-1b2c3d4e5f60"
+    run_id = "0b7f6d0e-3c1a-4a55-9a57-2f3c8e2f1a10"
+    async with orchestrator_stack(database_url) as stack:
+        token = stack.orchestrator.signer.invocation_token(invocation, "some-lease")
+        good = {"Authorization": f"Bearer {token}"}
+        base = f"{stack.url}/v1/invocations/{invocation}/results"
+        async with httpx.AsyncClient(timeout=10) as http:
+            no_token = await http.get(f"{base}/3?runId={run_id}")
+            api_key = await http.get(
+                f"{base}/3?runId={run_id}", headers={"Authorization": f"Bearer {stack.api_key}"}
+            )
+            stale = await http.get(f"{base}/3?runId={run_id}", headers=good)
+            bad_position = await http.get(f"{base}/x3?runId={run_id}", headers=good)
+            bad_run = await http.get(f"{base}/3?runId=nope", headers=good)
+    assert (no_token.status_code, no_token.json()["error"]["code"]) == (401, "unauthorized")
+    assert (api_key.status_code, api_key.json()["error"]["code"]) == (401, "unauthorized")
+    assert (stale.status_code, stale.json()["error"]["code"]) == (409, "stale_invocation")
+    assert bad_position.status_code == 422
+    assert "position" in bad_position.json()["error"]["details"]["fields"]
+    assert bad_run.status_code == 422
+    assert "runId" in bad_run.json()["error"]["details"]["fields"]
