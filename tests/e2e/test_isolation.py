@@ -20,7 +20,14 @@ from tests.support import Stack, app_server, orchestrator_stack
 SPEC = yaml.safe_load((Path(__file__).parents[2] / "openapi.yaml").read_text())
 METHODS = ("get", "post", "put", "patch", "delete")
 # Operations authenticated by something else than an API key (or nothing).
-NOT_BY_KEY = {"getHealth", "getReadiness", "getMetrics", "completeCallbackSigned", "reportProgress"}
+NOT_BY_KEY = {
+    "getHealth",
+    "getReadiness",
+    "getMetrics",
+    "completeCallbackSigned",
+    "reportProgress",
+    "getStepResult",
+}
 # The owner walk's order: reads, then writes, then what ends or deletes a resource.
 LAST = ["cancelRun", "deleteSchedule", "revokeKey", "deleteApp"]
 
