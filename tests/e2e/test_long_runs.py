@@ -200,7 +200,8 @@ async def test_continue_as_new_runs_generations(database_url: str) -> None:
 
 async def test_the_history_limit_fails_a_run(database_url: str) -> None:
     """A loop of step and sleep past the steps limit, and a result past the bytes limit, each
-    end the run failed with history_limit_exceeded before the app is invoked again."""
+    end the run failed with history_limit_exceeded before the app is invoked again; a run near
+    the limit says so in its detail."""
     sl = stepline.Stepline("secret-long")
     calls: list[int] = []
 
@@ -216,16 +217,30 @@ async def test_the_history_limit_fails_a_run(database_url: str) -> None:
         await ctx.sleep("nap", "10ms")
         await ctx.step("after", lambda: calls.append(-1))
 
+    @sl.workflow("near")
+    async def near(ctx: stepline.Context, input: Any) -> None:
+        for i in range(5):
+            await ctx.step(f"s{i}", lambda: None)
+        await ctx.sleep("nap", "1h")
+
     async with (
         orchestrator_stack(database_url, history_max_steps=6, history_max_bytes=4000) as stack,
         app_server(sl) as app_url,
     ):
         await stack.register(sl, app_url)
+        near_run = await stack.client.start_run("near", None)
         long_run = await stack.client.start_run("forever", None)
         heavy_run = await stack.client.start_run("heavy", None)
         done = await stack.client.wait_run(long_run["id"], timeout=30)
         heavy_done = await stack.client.wait_run(heavy_run["id"], timeout=30)
         types = await event_types(stack, long_run["id"])
+        for _ in range(300):  # until it sleeps, its five steps recorded
+            near_now = await stack.client.get_run(near_run["id"])
+            if len(near_now["steps"]) == 6:
+                break
+            await asyncio.sleep(0.05)
+    assert near_now["status"] == "running" and len(near_now["steps"]) == 6
+    assert "history_limit_exceeded" in near_now["history"]["warning"]
     assert done["status"] == "failed"
     assert done["error"]["code"] == "history_limit_exceeded"
     assert len(done["steps"]) == 8  # s0..s3 and their sleeps: over 6 at the next invocation
