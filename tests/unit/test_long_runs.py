@@ -17,7 +17,7 @@ from stepline.protocol import (
     StepKind,
     StepUpdate,
 )
-from stepline_server.engine import history
+from stepline_server.engine import history, ids
 from stepline_server.engine.steps import plan_updates
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.urls import CallbackSigner
@@ -88,13 +88,14 @@ def test_history_size_counts_steps_and_result_bytes() -> None:
     assert history.size_of(rows) == history.Size(3, 15)
 
 
-def test_callback_and_child_ids_count_the_generation() -> None:
+@pytest.mark.parametrize("run_uuid", [uuid.uuid4(), ids.new_id()], ids=["random", "time-ordered"])
+def test_callback_and_child_ids_count_the_generation(run_uuid: uuid.UUID) -> None:
     """The first generation keeps the ids it always had; each later one has its own."""
     updates = [
         StepUpdate(name="cb", kind=StepKind.CALLBACK, action=Action.CALLBACK),
         StepUpdate(name="kid", kind=StepKind.INVOKE, action=Action.INVOKE, workflow="w"),
     ]
-    run_id = str(uuid.uuid4())
+    run_id = str(run_uuid)
     ids = {
         g: (plan.callbacks[0][0], plan.children[0].id)
         for g in (1, 2, 3)

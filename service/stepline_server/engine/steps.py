@@ -30,14 +30,22 @@ class InvalidUpdate(ValueError):
     """A step update that breaks the protocol (wrong kind for the action, missing fields)."""
 
 
-def child_run_id(run_id: str, step_name: str) -> str:
+def child_run_id(run_id: str, step_name: str, generation: int = 1) -> str:
     """The id of the child run a step starts: derived, so the child starts exactly once."""
-    return str(ids.derived_id(uuid.UUID(run_id), f"child:{run_id}:{step_name}", _NS))
+    name = f"child:{_scope(run_id, generation)}:{step_name}"
+    return str(ids.derived_id(uuid.UUID(run_id), name, _NS))
 
 
-def callback_id(run_id: str, step_name: str) -> str:
+def callback_id(run_id: str, step_name: str, generation: int = 1) -> str:
     """The id of the callback a step creates: derived, so it is the same on every replay."""
-    return str(ids.derived_id(uuid.UUID(run_id), f"callback:{run_id}:{step_name}", _NS))
+    name = f"callback:{_scope(run_id, generation)}:{step_name}"
+    return str(ids.derived_id(uuid.UUID(run_id), name, _NS))
+
+
+def _scope(run_id: str, generation: int) -> str:
+    """What derived ids are unique in: the run, and past its first generation the generation
+    too (``ctx.continue_as_new``), so a later generation never meets an earlier one's."""
+    return run_id if generation <= 1 else f"{run_id}/{generation}"
 
 
 @dataclass(slots=True)
@@ -110,7 +118,6 @@ def plan_updates(run_id: str, updates: list[StepUpdate], generation: int = 1) ->
     The ids of callbacks and children count the run's ``generation`` past the first, so a step
     of a later generation never meets one an earlier generation made under the same name."""
     plan = Plan()
-    key = run_id if generation <= 1 else f"{run_id}/{generation}"
     by_name: dict[str, StepChange] = {}
     for u in updates:
         status, event_type, kinds = _ACTIONS[u.action]
@@ -118,7 +125,7 @@ def plan_updates(run_id: str, updates: list[StepUpdate], generation: int = 1) ->
             raise InvalidUpdate(
                 f"step {u.name!r}: action {u.action} does not apply to kind {u.kind}"
             )
-        change = _change(key, u, status)
+        change = _change(run_id, u, status, generation)
         by_name[u.name] = change
         plan.events.append(_event(event_type, u, change))
         if u.action is Action.CALLBACK:
@@ -133,7 +140,7 @@ def plan_updates(run_id: str, updates: list[StepUpdate], generation: int = 1) ->
     return plan
 
 
-def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
+def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> StepChange:
     if u.action is Action.START or u.action is Action.COMPLETE:  # most updates: the short way
         complete = u.action is Action.COMPLETE
         return StepChange(
@@ -163,8 +170,12 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
         timeout_ms=max(0, u.timeout_ms) if u.timeout_ms is not None else None,
         at_ms=u.at_ms if u.action is Action.SLEEP else None,
         ended=status in ENDED_STEP,
-        callback_id=callback_id(run_id, u.name) if u.action is Action.CALLBACK else None,
-        child_run_id=child_run_id(run_id, u.name) if u.action is Action.INVOKE else None,
+        callback_id=(
+            callback_id(run_id, u.name, generation) if u.action is Action.CALLBACK else None
+        ),
+        child_run_id=(
+            child_run_id(run_id, u.name, generation) if u.action is Action.INVOKE else None
+        ),
         event_name=u.event if u.action is Action.EVENT else None,
         match=u.match if u.action is Action.EVENT else None,
     )
