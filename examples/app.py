@@ -30,8 +30,10 @@ async def send_welcome(account: dict[str, Any], token: str) -> str:
 @sl.workflow("onboard-customer", retries=stepline.Retries(attempts=5, max_delay="1m"), timeout="1d")
 async def onboard(ctx: stepline.Context, input: dict[str, Any]) -> dict[str, Any]:
     account = await ctx.step("create-account", create_account, input["userId"])
+    ctx.log.info("account created", accountId=account["id"])  # kept once, not on every replay
     started = await ctx.now("started-at")
     await ctx.sleep("cool-off", input.get("coolOff", "2s"))
+    ctx.log.info("cool-off over, sending the welcome mail")
     token = await ctx.uuid("token")
     mail = await ctx.step("send-welcome", send_welcome, account, token)
     return {"accountId": account["id"], "mail": mail, "startedAt": started.isoformat()}

@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 import stepline
+from stepline._worker import Worker
 from stepline_server.api.app import build_app
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
@@ -67,6 +68,11 @@ class Stack:
         await self.client.sync_app(row["slug"])
         return str(row["slug"])
 
+    async def register_pull(self, name: str = "app") -> str:
+        """Register a pull app under ``name`` (its worker syncs it); its slug."""
+        app = await self.client.create_app(name, kind="pull")
+        return str(app["slug"])
+
     async def conn(self) -> db.Conn:
         return await db.connect(self.orchestrator.dsn)
 
@@ -88,6 +94,38 @@ async def orchestrator_stack(database_url: str, **settings: Any) -> AsyncIterato
             key = await keys.create_key(conn, "test")
         async with stepline.AsyncClient(url, api_key=key) as client:
             yield Stack(orch, url, key, client)
+
+
+@contextlib.asynccontextmanager
+async def worker(
+    stack: Stack, sl: stepline.Stepline, app: str, *, concurrency: int = 10
+) -> AsyncIterator[Worker]:
+    """A pull app's worker running in this process (as an asyncio task), synced before it
+    yields; stopped (its invocations cancelled) on leaving."""
+    w = Worker(sl, stack.url, stack.api_key, app, concurrency=concurrency, wait=5.0)
+    await w.sync()
+    task = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await w.aclose()
+        await sl.aclose()  # the progress calls' connections, as the handler's shutdown does
+
+
+@contextlib.asynccontextmanager
+async def hosted(stack: Stack, sl: stepline.Stepline, kind: str) -> AsyncIterator[str]:
+    """``sl``'s workflows hosted as a ``push`` app (served on loopback and synced) or a
+    ``pull`` app (a worker in this process); yields the app's slug."""
+    if kind == "push":
+        async with app_server(sl) as url:
+            yield await stack.register(sl, url)
+    else:
+        slug = await stack.register_pull()
+        async with worker(stack, sl, slug):
+            yield slug
 
 
 @contextlib.asynccontextmanager

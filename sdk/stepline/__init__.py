@@ -16,6 +16,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
+from stepline._worker import Worker
 from stepline._workflow import Concurrency, Retries, Stepline, __version__
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Stepline",
     "SteplineError",
     "TerminalError",
+    "Worker",
     "__version__",
     "parse_duration",
     "protocol",

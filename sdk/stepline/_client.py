@@ -210,9 +210,12 @@ class _Api(Generic[_D, _N, _I]):
 
     # apps
 
-    def create_app(self, name: str, url: str) -> _D:
-        """Register a push app; the answer carries its ``signingSecret``, shown only once."""
-        return self._json(_Request("POST", _path("apps"), body={"name": name, "url": url}))
+    def create_app(self, name: str, url: str | None = None, *, kind: str = "push") -> _D:
+        """Register a push app at ``url``, or (``kind="pull"``, no URL) a pull app whose
+        workers poll for its invocations (``stepline worker``); the answer carries its
+        ``signingSecret``, shown only once."""
+        body = {"name": name, **_compact(url=url), **({"kind": kind} if kind != "push" else {})}
+        return self._json(_Request("POST", _path("apps"), body=body))
 
     def list_apps(self, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of apps: ``{"apps": [...], "nextCursor": ...}``."""
@@ -287,6 +290,27 @@ class _Api(Generic[_D, _N, _I]):
         """The run's whole history in order, following ``nextCursor``."""
         req = _Request("GET", _path("runs", run_id, "events"), _params(after=after))
         return self._iterate(req, "events")
+
+    def list_run_logs(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> _D:
+        """One page of the run's log lines (``seq > after``), with ``logsDropped``."""
+        params = _params(after=after, limit=limit, cursor=cursor)
+        return self._json(_Request("GET", _path("runs", run_id, "logs"), params))
+
+    def iter_run_logs(self, run_id: str, *, after: int | None = None) -> _I:
+        """The run's log lines in order, following ``nextCursor``."""
+        req = _Request("GET", _path("runs", run_id, "logs"), _params(after=after))
+        return self._iterate(req, "logs")
+
+    def get_run_replay(self, run_id: str) -> _D:
+        """The run's input and recorded steps as an invocation carries them (for replays)."""
+        return self._json(_Request("GET", _path("runs", run_id, "replay")))
 
     # callbacks and events
 

@@ -32,6 +32,7 @@ from stepline._errors import (
     _ContinueAsNew,
     _Suspended,
 )
+from stepline._logs import LogBuffer, RunLog
 from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
 
@@ -50,6 +51,12 @@ FetchResult = Callable[[protocol.StepRecord], Coroutine[Any, Any, Any]]
 # earlier ones. Keyed to the Context so two invocations never compare their steps.
 _last_recorded: contextvars.ContextVar[tuple[Context, protocol.StepRecord] | None] = (
     contextvars.ContextVar("stepline_last_recorded", default=None)
+)
+
+# The Context whose current branch runs code for the first time: it met a step that is not in
+# the recorded history, or one that runs again. Inherited by the tasks the branch starts.
+_live: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "stepline_live", default=None
 )
 
 
@@ -98,6 +105,7 @@ class Context:
         records = sorted(request.steps, key=lambda s: s.position)
         self._records = {record.name: record for record in records}
         self._reached: set[str] = set()
+        self._furthest = -1  # the highest position of a recorded step this execution reached
         self._fresh: list[_Op] = []
         self._futures: list[asyncio.Future[Any]] = []
         self.blocked: list[asyncio.Future[Any]] = []
@@ -111,6 +119,16 @@ class Context:
         self.fetching: set[asyncio.Task[Any]] = set()  # results being fetched by reference
         self.lost: Exception | None = None  # a fetch failed: the invocation cannot go on
         self.continued: _ContinueAsNew | None = None
+        self._met = 0  # recorded steps reached so far
+        self.logs = LogBuffer()
+        self.log = RunLog(self, self.logs)
+        """Keep lines on the run: ``ctx.log.info("charged", amount=5)`` (also ``debug``,
+        ``warning``, ``error``). Lines are kept once: replaying recorded steps writes none."""
+
+    def replaying(self) -> bool:
+        """Whether the code running now ran before (its log lines were kept then): the branch
+        has met no new step and some recorded step is not reached yet."""
+        return _live.get() is not self and self._met < len(self._records)
 
     @property
     def cancel_requested(self) -> bool:
@@ -352,7 +370,15 @@ class Context:
                 )
             )
         if record is not None:
+            self._met += 1
             self._check_order(record)
+            self._furthest = max(self._furthest, record.position)
+        if record is None or (
+            record.kind is StepKind.RUN
+            and record.status in (StepStatus.RUNNING, StepStatus.RETRYING)
+            and not record.blocked
+        ):
+            _live.set(self)  # what follows in this branch never ran before
         return record
 
     def _check_order(self, record: protocol.StepRecord) -> None:
@@ -435,8 +461,22 @@ class Context:
         return fresh
 
     def unreached(self) -> list[protocol.StepRecord]:
-        """Recorded steps this execution has not reached yet, in recorded order."""
-        return [r for name, r in self._records.items() if name not in self._reached]
+        """Recorded steps this execution has not reached yet, in recorded order, but for those
+        it has passed: a step recorded before one it reached was removed from the code, and
+        its result is never read again."""
+        return [
+            r
+            for name, r in self._records.items()
+            if name not in self._reached and r.position > self._furthest
+        ]
+
+    def passed(self) -> list[protocol.StepRecord]:
+        """Recorded steps this execution skipped: not reached, recorded before one it reached."""
+        return [
+            r
+            for name, r in self._records.items()
+            if name not in self._reached and r.position < self._furthest
+        ]
 
     def request_cancel(self) -> None:
         """Cancellation was requested while the invocation runs."""

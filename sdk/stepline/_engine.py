@@ -28,6 +28,7 @@ from stepline._errors import (
     TerminalError,
     error_info,
 )
+from stepline._logs import capturing
 from stepline._transport import ProgressSender, StaleInvocation
 from stepline._workflow import WorkflowDef
 from stepline.protocol import Action, InvokeStatus, StepUpdate
@@ -158,7 +159,10 @@ class Invocation:
         updates = [*self.buffer, *(op.update for op in fresh)]
         self.buffer = []  # taken before the await: steps finishing meanwhile buffer anew
         self.progress_calls += 1
-        reply = await self.sender.progress(self.request, updates, self.progress_calls)
+        lines, dropped = self.ctx.logs.take()  # the lines written so far go with the updates
+        reply = await self.sender.progress(
+            self.request, updates, self.progress_calls, logs=lines, logs_dropped=dropped
+        )
         if reply.cancel_requested:
             self.ctx.request_cancel()
         # A cancel request learnt from this call stops the new steps at their boundary.
@@ -188,7 +192,7 @@ class Invocation:
         fn, args, kwargs = op.call
         span = _tracing.step_span(self.traceparent, self.request.run_id, op.name, op.update.attempt)
         try:
-            with span:
+            with span, capturing(self.ctx.logs, op.name):
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args, **kwargs)
                 else:
@@ -305,7 +309,10 @@ class Invocation:
         )
 
     def _answer(self, status: InvokeStatus, **fields: Any) -> protocol.InvokeResponse:
-        return protocol.InvokeResponse(status=status, updates=list(self.buffer), **fields)
+        lines, dropped = self.ctx.logs.take()
+        return protocol.InvokeResponse(
+            status=status, updates=list(self.buffer), logs=lines, logsDropped=dropped, **fields
+        )
 
     def _abandon(self) -> None:
         """Stop everything this execution started; the answer is already decided."""

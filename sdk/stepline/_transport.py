@@ -41,9 +41,13 @@ class ProgressSender(Protocol):
         request: protocol.InvokeRequest,
         updates: list[protocol.StepUpdate],
         seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
-        """Commit ``updates`` (the invocation's ``seq``-th call) for the invocation ``request``;
-        answer the orchestrator's reply."""
+        """Commit ``updates`` (the invocation's ``seq``-th call) for the invocation ``request``,
+        with the log lines written since the last call (and how many were dropped); answer the
+        orchestrator's reply."""
         ...
 
     async def result(self, request: protocol.InvokeRequest, record: protocol.StepRecord) -> Any:
@@ -140,14 +144,18 @@ class Transport:
         request: protocol.InvokeRequest,
         updates: list[protocol.StepUpdate],
         seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
-        """POST the updates; retry transient failures (the same ``seq``, so the orchestrator
-        applies them once); raise on a stale or lost orchestrator."""
+        """POST the updates and log lines; retry transient failures (the same ``seq``, so the
+        orchestrator applies them once); raise on a stale or lost orchestrator."""
         url = f"{request.api_url.rstrip('/')}/v1/invocations/{request.invocation_id}/progress"
         # The updates were validated when made: serialise them straight to JSON.
         body = protocol.ProgressRequest.model_construct(
-            run_id=request.run_id, updates=updates, seq=seq, generation=request.generation
-        )
+            run_id=request.run_id, updates=updates, seq=seq, logs=logs or [],
+            logs_dropped=logs_dropped, generation=request.generation,
+        )  # fmt: skip
         content = body.model_dump_json(by_alias=True, exclude_none=True).encode()
         headers = {
             "Authorization": f"Bearer {request.token}",

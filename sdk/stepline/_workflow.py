@@ -114,6 +114,10 @@ def _schedule(
         return value
     if isinstance(value, str):
         return protocol.ScheduleSpec(cron=value)
+    if "sla" in value:  # a duration, like every duration the SDK takes
+        sla = value["sla"]
+        value = {k: v for k, v in value.items() if k != "sla"}
+        value["slaMs"] = None if sla is None else to_ms(sla)
     return protocol.ScheduleSpec.model_validate(value)
 
 

@@ -14,6 +14,9 @@ Three exchanges (see docs/protocol.md):
   the SDK GETs ``{apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``
   with the same token when the workflow reads it, and the answer is the result's JSON.
 
+Log lines (:class:`LogLine`) written since the last call travel with the next progress call or
+the invocation's answer, so they are committed with the steps they belong to.
+
 Both sides import these models, so a change here changes both ends at once.
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
@@ -31,6 +34,12 @@ PROTOCOL_VERSION = 1
 
 INLINE_RESULT_BYTES = 256 * 1024
 """Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
+MAX_RUN_LOG_LINES = 1000
+"""A run keeps at most this many log lines; past the cap the newest are dropped (and counted)."""
+MAX_RUN_LOG_BYTES = 1024 * 1024
+"""A run keeps at most this many bytes of log lines (each line's message and fields as JSON)."""
+MAX_LOG_MESSAGE = 16 * 1024
+"""A log line's message is at most this many characters (the SDK cuts longer ones)."""
 
 
 class StepKind(StrEnum):
@@ -67,6 +76,15 @@ class Action(StrEnum):
     CALLBACK = "callback"  # create a callback (timeoutMs optional)
     EVENT = "event"  # wait for an event (event, match, timeoutMs)
     INVOKE = "invoke"  # start a child run (workflow, input)
+
+
+class LogLevel(StrEnum):
+    """How much a log line matters (Python's CRITICAL is sent as ``error``)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 class _Model(BaseModel):
@@ -151,6 +169,8 @@ class ScheduleSpec(_Model):
     input: Any = None
     overlap: str = "allow"
     misfire: str = "fire_once"
+    # The longest start lag its runs should have (each run shows slaBreached).
+    sla_ms: int | None = Field(default=None, alias="slaMs", gt=0, le=366 * 86_400_000)
 
 
 class WorkflowInfo(_Model):
@@ -203,6 +223,17 @@ class StepUpdate(_Model):
     input: Any = None
 
 
+class LogLine(_Model):
+    """A line the workflow logged (``ctx.log``) or a ``logging`` record of a step's execution."""
+
+    at: AwareDatetime
+    level: LogLevel
+    message: str = Field(max_length=MAX_LOG_MESSAGE)
+    fields: dict[str, Any] | None = None
+    step_name: str | None = Field(default=None, alias="stepName", min_length=1, max_length=256)
+    """The step whose execution wrote it; None for workflow code between steps."""
+
+
 class ProgressRequest(_Model):
     """Step updates committed during an invocation (one round trip per step)."""
 
@@ -210,6 +241,10 @@ class ProgressRequest(_Model):
     updates: list[StepUpdate]
     seq: int = 0  # 1, 2, 3... within an invocation: a call sent again is not applied twice
     generation: int = 1  # the invocation's: the ids of callbacks and children it makes count it
+    # Log lines written since the last call, in order, and how many the SDK dropped (past the
+    # cap) before them: they are committed with the updates.
+    logs: list[LogLine] = Field(default_factory=list)
+    logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
 
 
 class CallbackInfo(_Model):
@@ -246,6 +281,24 @@ class InvokeResponse(_Model):
     error: ErrorInfo | None = None
     deployment_id: str | None = Field(default=None, alias="deploymentId")
     input: Any = None  # continued: the next generation's input
+    logs: list[LogLine] = Field(default_factory=list)
+    logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
+
+
+class InvocationAnswer(InvokeResponse):
+    """A pull app's worker's answer to an invocation it polled: the run it is for, how long
+    the invocation took, and the SDK's answer to ``invoke``."""
+
+    run_id: str = Field(alias="runId")
+    duration_ms: int | None = Field(default=None, alias="durationMs", ge=0)
+
+
+class PollResponse(_Model):
+    """Invocations a pull app's worker polled, each leased to it for ``leaseSeconds``: it keeps
+    them with heartbeats and answers each with an :class:`InvocationAnswer`."""
+
+    invocations: list[InvokeRequest]
+    lease_seconds: float = Field(alias="leaseSeconds")
 
 
 def dump(model: BaseModel) -> dict[str, Any]:

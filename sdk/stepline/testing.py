@@ -6,8 +6,10 @@ engine the ASGI handler uses, again and again, with a small in-memory orchestrat
 retry delays are over at once, callbacks and events are answered from the given dicts (keyed by
 step name, or for events by event name) or time out when absent, and child workflows of the same
 :class:`~stepline.Stepline` run in-process. Each invocation replays the history recorded so far,
-exactly as in production, so nondeterminism shows up here too. ``ctx.continue_as_new`` starts
-the next generation with an empty history, as the orchestrator does.
+exactly as in production, so nondeterminism shows up here too. ``result.logs`` holds the run's
+log lines as the orchestrator would keep them (``ctx.log`` and the ``logging`` records of step
+executions, each once). ``ctx.continue_as_new`` starts the next generation with an empty
+history, as the orchestrator does.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class RunResult:
     step_calls: Counter[str] = field(default_factory=Counter)
     """How many times each ``run`` step's function was called (attempts started)."""
     invocations: int = 0
+    logs: list[protocol.LogLine] = field(default_factory=list)
+    """The run's log lines, in order (the cap of a run applies as on the orchestrator)."""
+    logs_dropped: int = 0
 
 
 class _MemoryRun:
@@ -62,17 +67,45 @@ class _MemoryRun:
         self.waits: dict[str, StepUpdate] = {}
         self.calls: Counter[str] = Counter()
         self.cancel_requested = False
+        self.logs: list[protocol.LogLine] = []
+        self.logs_dropped = 0
+        self.log_bytes = 0
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[StepUpdate], seq: int = 0
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[StepUpdate],
+        seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
         """Commit updates as the orchestrator would; create the callbacks asked for."""
+        self.keep_logs(logs or [], logs_dropped)
         created = self.apply(updates)
         return protocol.ProgressResponse(cancelRequested=self.cancel_requested, callbacks=created)
 
     async def result(self, request: protocol.InvokeRequest, record: StepRecord) -> Any:
         """Results are kept inline in memory: never asked for."""
         return record.output
+
+    def keep_logs(self, lines: list[protocol.LogLine], dropped: int) -> None:
+        """Keep log lines as the orchestrator does: up to the run's cap, then none newer (the
+        SDK's ``dropped`` lines are newer than ``lines``)."""
+        for line in lines:
+            size = len(line.message.encode()) + (
+                len(_json.dumps(line.fields)) if line.fields is not None else 0
+            )
+            if (
+                self.logs_dropped
+                or len(self.logs) >= protocol.MAX_RUN_LOG_LINES
+                or self.log_bytes + size > protocol.MAX_RUN_LOG_BYTES
+            ):
+                self.logs_dropped += 1
+                continue
+            self.logs.append(line)
+            self.log_bytes += size
+        self.logs_dropped += dropped
 
     def apply(self, updates: list[StepUpdate]) -> dict[str, protocol.CallbackInfo]:
         created: dict[str, protocol.CallbackInfo] = {}
@@ -204,6 +237,7 @@ async def run(
             generation=generation,
         )  # fmt: skip
         response = await Invocation(definition, request, memory).run()
+        memory.keep_logs(response.logs, response.logs_dropped)
         memory.apply(response.updates)
         if response.status is protocol.InvokeStatus.CONTINUED:
             input, generation = response.input, generation + 1
@@ -214,7 +248,7 @@ async def run(
             return RunResult(
                 run_id=memory.run_id, status=response.status.value, output=response.output,
                 error=response.error, steps=memory.steps, step_calls=memory.calls,
-                invocations=number,
+                invocations=number, logs=memory.logs, logs_dropped=memory.logs_dropped,
             )  # fmt: skip
         if not await memory.advance():
             raise RuntimeError(f"run {memory.run_id} suspended with nothing to wait for")

@@ -1,4 +1,5 @@
-"""An app's sync, as the API and the dashboard both do it: ask the app, record what it hosts."""
+"""An app's sync, as the API and the dashboard both do it: ask the app (or take what a pull
+app's worker sent), record what it hosts."""
 
 from __future__ import annotations
 
@@ -36,7 +37,12 @@ async def sync(o: Orchestrator, row: Record) -> Synced:
     result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
     if not result.ok or not isinstance(result.response, DescribeResponse):
         raise SyncFailed(f"could not sync the app at {row['url']}: {result.reason}")
-    described = result.response
+    return await register(o, row, result.response)
+
+
+async def register(o: Orchestrator, row: Record, described: DescribeResponse) -> Synced:
+    """Register the workflows ``described`` (a push app's describe answer, or what a pull
+    app's worker sent) as ``row``'s; the same errors as :func:`sync`."""
     workflows = []
     for wf in described.workflows:
         if not _NAME.fullmatch(wf.name):

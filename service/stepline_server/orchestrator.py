@@ -19,6 +19,7 @@ from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener, sweeper
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
+from stepline_server.loops.pull import PullInvocations
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
 from stepline_server.loops.waiters import RunWaiters
@@ -52,6 +53,7 @@ class Orchestrator:
         self.caller: AppCaller
         self.dispatcher: Dispatcher
         self.batcher: ProgressBatcher
+        self.pull: PullInvocations
         self.scheduler: Scheduler
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
@@ -85,6 +87,7 @@ class Orchestrator:
             self.batcher,
             self.metrics,
         )
+        self.pull = PullInvocations(self.pool, self.dispatcher)
         self.scheduler = Scheduler(
             self.pool, self.settings, on_started=self.dispatcher.wake, metrics=self.metrics
         )
@@ -165,4 +168,5 @@ def _code_schedule(workflow: str, spec: ScheduleSpec) -> schedules.ScheduleDef:
         input=spec.input,
         overlap=overlap,
         misfire=misfire,
+        sla_ms=spec.sla_ms,
     )

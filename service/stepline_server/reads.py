@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
 from stepline_server.engine import history
-from stepline_server.store import apps, runs
+from stepline_server.store import apps, runs, schedules
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ async def run_json(
     warning near ``limits``, when given)."""
     slug = await app_slug(conn, row)
     steps = await runs.steps(conn, row["id"]) if with_steps else None
+    if row["schedule_id"] is not None and "schedule_sla_ms" not in row:
+        # a row read without its schedule's SLA (as a write answers it)
+        row = {**row, "schedule_sla_ms": await schedules.sla_of(conn, row["schedule_id"])}
     data = serialize.run(row, slug, steps, callback_url)
     if with_steps:
         counted = await runs.counters(conn, row["id"])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from stepline_server.engine.timing import timing
 from stepline_server.store.db import Record
 
 
@@ -22,10 +23,12 @@ def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
         "slug": row["slug"],
         "name": row["name"],
         "url": row["url"],
+        "kind": row["kind"],
         "deploymentId": row["deployment_id"],
         "createdAt": ts(row["created_at"]),
         "updatedAt": ts(row["updated_at"]),
         "syncedAt": ts(row["synced_at"]),
+        "lastPolledAt": ts(row["polled_at"]),
     }
     if secret:
         data["signingSecret"] = row["signing_secrets"][0]
@@ -80,6 +83,8 @@ def run(
     callback_url: CallbackUrl | None = None,
 ) -> dict[str, Any]:
     started, scheduled = row["started_at"], row["scheduled_at"]
+    sla_ms = row.get("schedule_sla_ms")
+    timed = timing(scheduled, started, row["ended_at"], sla_ms, datetime.now(UTC))
     data: dict[str, Any] = {
         "id": str(row["id"]),
         "traceId": row["id"].hex,  # the run's OpenTelemetry trace id (see tracing.py)
@@ -93,9 +98,10 @@ def run(
         "parentRunId": str(row["parent_run_id"]) if row["parent_run_id"] else None,
         "scheduleId": row["schedule_id"],
         "scheduledAt": ts(scheduled),
-        "startLagMs": int((started - scheduled).total_seconds() * 1000)
-        if started and scheduled
-        else None,
+        "startLagMs": timed.start_lag_ms,
+        "e2eMs": timed.e2e_ms,
+        "slaMs": sla_ms,
+        "slaBreached": timed.sla_breached,
         "trigger": row["trigger"],
         "eventId": str(row["event_id"]) if row.get("event_id") else None,
         "version": row.get("definition_version"),
@@ -103,12 +109,64 @@ def run(
         "createdAt": ts(row["created_at"]),
         "startedAt": ts(started),
         "endedAt": ts(row["ended_at"]),
+        "logLines": row.get("log_lines", 0),
+        "logsDropped": row.get("logs_dropped", 0),
     }
+    if row.get("pull"):  # a pull app's run: whether it is due with no worker running it
+        ready = row.get("ready_at")
+        data["waitingForWorker"] = (
+            row["status"] in ("running", "cancelling")
+            and row.get("lease_token") is None
+            and ready is not None
+            and ready <= datetime.now(UTC)
+        )
     if "deployment_id" in row:  # the run read alone: its last invocation's deployment
         data["deploymentId"] = row["deployment_id"]
     if steps is not None:
         data["steps"] = [step(s, callback_url) for s in steps]
     return data
+
+
+def replay_step(row: Record, now: datetime, callback_url: CallbackUrl) -> dict[str, Any]:
+    """A recorded step as an invocation carries it (``stepline.protocol.StepRecord``): what a
+    replay of the run reads, ``blocked`` when its next attempt is not due at ``now``."""
+    step: dict[str, Any] = {
+        "name": row["name"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "position": row["position"],
+        "attempt": row["attempt"],
+        "output": row["output"],
+        "error": row["error"],
+        "wakeAt": ts(row["wake_at"]),
+        "callbackId": None,
+        "callbackUrl": None,
+        "childRunId": str(row["child_run_id"]) if row["child_run_id"] is not None else None,
+        "timedOut": row["callback_id"] is not None and row["callback_status"] == "timedOut",
+        "blocked": row["status"] == "retrying"
+        and row["wake_at"] is not None
+        and row["wake_at"] > now,
+    }
+    if row["callback_id"] is not None:
+        step["callbackId"] = str(row["callback_id"])
+        step["callbackUrl"] = callback_url(str(row["callback_id"]))
+    return step
+
+
+def replay(
+    row: Record, steps: list[Record], now: datetime, callback_url: CallbackUrl
+) -> dict[str, Any]:
+    """What a replay of a run starts from: its input and recorded steps, in recorded order."""
+    return {
+        "runId": str(row["id"]),
+        "workflow": row["workflow"],
+        "status": row["status"],
+        "input": row["input"],
+        "cancelRequested": row["cancel_requested"],
+        "version": row.get("definition_version"),
+        "deploymentId": row.get("deployment_id"),
+        "steps": [replay_step(s, now, callback_url) for s in steps],
+    }
 
 
 def event(row: Record) -> dict[str, Any]:
@@ -125,6 +183,18 @@ def event(row: Record) -> dict[str, Any]:
     if row["invocation_id"] is not None:
         data["invocationId"] = str(row["invocation_id"])
     return data
+
+
+def log_line(row: Record) -> dict[str, Any]:
+    """One line of a run's log."""
+    return {
+        "seq": row["seq"],
+        "at": ts(row["at"]),
+        "level": row["level"],
+        "message": row["message"],
+        "fields": row["fields"],
+        "stepName": row["step_name"],
+    }
 
 
 def callback(row: Record, url: str) -> dict[str, Any]:
@@ -154,6 +224,7 @@ def schedule(row: Record) -> dict[str, Any]:
         "status": row["status"],
         "source": row["source"],
         "disableAfter": row["disable_after"],
+        "slaMs": row["sla_ms"],
         "consecutiveFailures": row["consecutive_failures"],
         "nextFireAt": ts(row["next_fire_at"]) if row["status"] == "active" else None,
         "lastFireAt": ts(row["last_fire_at"]),

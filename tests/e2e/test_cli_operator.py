@@ -204,6 +204,21 @@ async def test_apps_list_register_sync(env: Env) -> None:
     assert code == 1 and "app_unreachable" in err
 
 
+async def test_apps_register_a_pull_app(env: Env) -> None:
+    """`apps register NAME --pull` registers a pull app and says how to run its worker;
+    `apps list` shows each app's kind; a URL with --pull, or neither, is a usage error."""
+    code, out, err = await cli(env, "apps", "register", "workers", "--pull")
+    assert code == 0 and "pull app wfa_" in out and "stepline worker MODULE:ATTR" in out, err
+    code, out, _ = await cli(env, "apps", "list")
+    assert code == 0 and "KIND" in out
+    assert any("workers" in line and " pull " in line for line in out.splitlines())
+    for argv in (["workers2", "http://127.0.0.1:9/", "--pull"], ["workers3"]):
+        code, _, err = await cli(env, "apps", "register", *argv)
+        assert code == 2 and "--pull" in err
+    apps = (await ok_json(env, "apps", "list"))["apps"]
+    assert {(a["name"], a["kind"]) for a in apps} == {("app", "push"), ("workers", "pull")}
+
+
 async def test_schedules_list_pause_resume_trigger(env: Env) -> None:
     """`schedules list|pause|resume|trigger` show and change a schedule and start its run."""
     created = await env.stack.client.create_schedule(

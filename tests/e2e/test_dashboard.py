@@ -4,6 +4,7 @@ orchestrator and app: sign in, find and read runs, act on them, and stay safe wh
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ import pytest
 
 import stepline
 from stepline_server.store import keys
-from tests.support import Stack, app_server, orchestrator_stack
+from tests.support import Stack, app_server, orchestrator_stack, worker
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -37,6 +38,7 @@ CHROMIUM_ARGS = [
     "--no-default-browser-check",
 ]
 HTML = "<script>window.pwned = 1</script><b id=bold>bold</b><img src=x onerror=alert(1)>"
+page_log = logging.getLogger("tests.dashboard")
 
 
 def build_app(state: dict[str, bool]) -> stepline.Stepline:
@@ -65,6 +67,18 @@ def build_app(state: dict[str, bool]) -> stepline.Stepline:
             return "paid"
 
         return await ctx.step("pay", pay)
+
+    @sl.workflow("logged")
+    async def logged(ctx: stepline.Context, input: Any) -> None:
+        ctx.log.info("starting " + HTML, html=HTML)
+
+        def render() -> str:
+            page_log.warning("rendered " + HTML)
+            return "ok"
+
+        await ctx.step("render", render)
+        await ctx.sleep("nap", "10ms")
+        ctx.log.error("after the nap")
 
     @sl.workflow("echo-html")
     async def echo_html(ctx: stepline.Context, input: Any) -> Any:
@@ -233,6 +247,31 @@ async def test_a_step_output_holding_html_renders_as_text(env: Env) -> None:
     assert await page.evaluate("window.pwned") is None
 
 
+async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: Env) -> None:
+    """The run page lists the run's log lines (each once, with level, step and fields) and
+    each step's own lines in its row; HTML in a line is text. A schedule's SLA is on the
+    schedules page."""
+    run = await env.client.start_run("logged", None)
+    await env.client.wait_run(run["id"], timeout=20)
+    await env.client.create_schedule("logged", "0 0 1 1 *", sla="90s")
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    rows = page.locator("#logs tr.log")
+    assert await rows.count() == 3
+    texts = [await rows.nth(i).inner_text() for i in range(3)]
+    assert "starting " + HTML in texts[0] and "info" in texts[0].lower()
+    assert "rendered " + HTML in texts[1] and "render" in texts[1]
+    assert "after the nap" in texts[2] and "error" in texts[2].lower()
+    assert "tests.dashboard" in texts[1]
+    await page.click("tr.detail details.step-logs summary")
+    assert "rendered " + HTML in await page.inner_text("tr.detail details.step-logs")
+    assert await page.locator("#bold").count() == 0
+    assert await page.evaluate("window.pwned") is None
+    await page.goto(f"{env.stack.url}/ui/schedules")
+    assert "90000ms" in await page.inner_text("td.sla")
+
+
 async def test_pages_read_without_javascript(env: Env) -> None:
     """With JavaScript off, signing in, the runs list and a run's page all work."""
     run = await env.client.start_run("onboard", {"user": "nojs"})
@@ -316,3 +355,26 @@ async def test_an_event_sent_from_the_events_page_is_taken(env: Env) -> None:
     assert "Event nobody.waits sent: 0 waiting run(s) resumed, 0 started." in await page.inner_text(
         "body"
     )
+
+
+async def test_a_pull_app_and_a_run_waiting_for_its_worker(env: Env) -> None:
+    """The apps page shows a pull app's kind and no sync button for it; a run of it that no
+    worker has taken says on its page that it waits for a worker."""
+    sl = stepline.Stepline("whsec_ui_pull")
+
+    @sl.workflow("pulled")
+    async def pulled(ctx: stepline.Context, input: Any) -> str:
+        return str(await ctx.step("only", lambda: "ok"))
+
+    app = await env.client.create_app("workers", kind="pull")
+    async with worker(env.stack, sl, app["slug"]):
+        pass  # synced, then gone
+    run = await env.client.start_run("pulled", None)
+    await env.sign_in()
+    page = env.page
+    await page.goto(f"{env.stack.url}/ui/apps")
+    row = page.locator("tr", has_text="workers")
+    assert "pull" in await row.inner_text() and "synced by its workers" in await row.inner_text()
+    assert await row.locator("button").count() == 0
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert "Waiting for a worker" in await page.inner_text("#waiting-for-worker")

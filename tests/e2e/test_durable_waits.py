@@ -13,9 +13,15 @@ import httpx
 import pytest
 
 import stepline
-from tests.support import Stack, app_server, orchestrator_stack
+from tests.support import Stack, app_server, hosted, orchestrator_stack
 
 Counts = dict[str, int]
+
+
+@pytest.fixture(params=["push", "pull"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The tests taking it run with the app pushed to (served) and pulled by a worker."""
+    return str(request.param)
 
 
 def bump(counts: Counts, name: str, value: Any = None) -> Any:
@@ -102,12 +108,11 @@ def sleepy_app(counts: Counts) -> stepline.Stepline:
     return sl
 
 
-async def test_sleep_resumes_on_time(database_url: str) -> None:
+async def test_sleep_resumes_on_time(database_url: str, kind: str) -> None:
     """A 1 s sleep suspends the run (step sleeping with wakeAt) and resumes on time, once."""
     counts: Counts = {}
     sl = sleepy_app(counts)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         started = time.monotonic()
         run = await stack.client.start_run("nap", {"n": 1, "seconds": 1})
         sleeping = await step_in(stack, run["id"], "nap", "sleeping")
@@ -249,13 +254,12 @@ def callback_app(counts: Counts, urls: dict[str, str]) -> stepline.Stepline:
     return sl
 
 
-async def test_callback_through_signed_url(database_url: str) -> None:
+async def test_callback_through_signed_url(database_url: str, kind: str) -> None:
     """A callback completes via its signed URL (no key); twice is 409, a forged URL is 404."""
     counts: Counts = {}
     urls: dict[str, str] = {}
     sl = callback_app(counts, urls)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("approve", {"timeout": "1m"})
         waiting = await step_in(stack, run["id"], "approval", "waiting")
         assert waiting["status"] == "running"
@@ -310,13 +314,12 @@ async def test_callback_through_signed_url(database_url: str) -> None:
         ]
 
 
-async def test_callback_with_api_key_and_timeout(database_url: str) -> None:
+async def test_callback_with_api_key_and_timeout(database_url: str, kind: str) -> None:
     """A callback completes via POST /v1/callbacks/{id}; another times out: CallbackTimeout."""
     counts: Counts = {}
     urls: dict[str, str] = {}
     sl = callback_app(counts, urls)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         keyed = await stack.client.start_run("approve", {"timeout": "1m"})
         late = await stack.client.start_run("approve", {"timeout": "1s"})
         waiting = await step_in(stack, keyed["id"], "approval", "waiting")
@@ -368,12 +371,11 @@ def event_app(counts: Counts) -> stepline.Stepline:
     return sl
 
 
-async def test_event_resumes_only_the_matching_run(database_url: str) -> None:
+async def test_event_resumes_only_the_matching_run(database_url: str, kind: str) -> None:
     """An event with match resumes only the run whose match fields equal its data."""
     counts: Counts = {}
     sl = event_app(counts)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         u1 = await stack.client.start_run("kyc", {"userId": "u1", "timeout": "30s"})
         u2 = await stack.client.start_run("kyc", {"userId": "u2", "timeout": "2s"})
         await step_in(stack, u1["id"], "kyc", "waiting")
@@ -513,12 +515,11 @@ def family_app(counts: Counts) -> stepline.Stepline:
     return sl
 
 
-async def test_child_output_reaches_the_parent(database_url: str) -> None:
+async def test_child_output_reaches_the_parent(database_url: str, kind: str) -> None:
     """A child run's output is what ctx.invoke returns; child and parent point at each other."""
     counts: Counts = {}
     sl = family_app(counts)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("parent-wf", {"x": 21})
         done = await stack.client.wait_run(run["id"], timeout=30)
         assert done["status"] == "completed", done
@@ -543,12 +544,11 @@ async def test_child_output_reaches_the_parent(database_url: str) -> None:
         ]
 
 
-async def test_failing_child_raises_in_the_parent(database_url: str) -> None:
+async def test_failing_child_raises_in_the_parent(database_url: str, kind: str) -> None:
     """A child failing with TerminalError raises ChildWorkflowFailed in the parent."""
     counts: Counts = {}
     sl = family_app(counts)
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("parent-wf", {"x": -1})
         done = await stack.client.wait_run(run["id"], timeout=30)
         assert done["status"] == "completed", done
@@ -567,7 +567,7 @@ async def test_failing_child_raises_in_the_parent(database_url: str) -> None:
 # -- parallel -------------------------------------------------------------------------------
 
 
-async def test_gather_of_steps_and_a_sleep(database_url: str) -> None:
+async def test_gather_of_steps_and_a_sleep(database_url: str, kind: str) -> None:
     """asyncio.gather of three steps and a sleep completes, each step run once."""
     counts: Counts = {}
     sl = stepline.Stepline("secret-waits")
@@ -587,8 +587,7 @@ async def test_gather_of_steps_and_a_sleep(database_url: str) -> None:
         )
         return [a, b, c]
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         started = time.monotonic()
         run = await stack.client.start_run("fan-out", None)
         done = await stack.client.wait_run(run["id"], timeout=30)
@@ -615,7 +614,7 @@ async def test_gather_of_steps_and_a_sleep(database_url: str) -> None:
 # -- cancel ---------------------------------------------------------------------------------
 
 
-async def test_cancel_runs_cleanup_once(database_url: str) -> None:
+async def test_cancel_runs_cleanup_once(database_url: str, kind: str) -> None:
     """A cancelled sleeping run goes cancelling then cancelled; its cleanup step runs once."""
     counts: Counts = {}
     sl = stepline.Stepline("secret-waits")
@@ -631,8 +630,7 @@ async def test_cancel_runs_cleanup_once(database_url: str) -> None:
         bump(counts, "woke")
         return "woke"
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("long-wait", None)
         await step_in(stack, run["id"], "long", "sleeping")
         async with raw_client(stack) as http:
@@ -692,7 +690,7 @@ async def test_time_limit_ends_the_run_timed_out(database_url: str) -> None:
 # -- retry ----------------------------------------------------------------------------------
 
 
-async def test_retry_from_a_step_after_a_code_fix(database_url: str) -> None:
+async def test_retry_from_a_step_after_a_code_fix(database_url: str, kind: str) -> None:
     """A run failed at step b runs again from b on fixed code; step a ran once in total."""
     counts: Counts = {}
     fixed = {"b": False}
@@ -715,8 +713,7 @@ async def test_retry_from_a_step_after_a_code_fix(database_url: str) -> None:
         z = await ctx.step("c", lambda: bump(counts, "c", y * 2))
         return {"z": z}
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("fixable", None)
         failed = await stack.client.wait_run(run["id"], timeout=30)
         assert failed["status"] == "failed", failed
@@ -775,7 +772,7 @@ async def test_timers_fire_once_with_two_orchestrators(database_url: str) -> Non
     assert counts == {f"{k}:{n}": 1 for n in range(6) for k in ("before", "after")}
 
 
-async def test_gather_resumes_when_any_branch_can_move(database_url: str) -> None:
+async def test_gather_resumes_when_any_branch_can_move(database_url: str, kind: str) -> None:
     """Branches of a gather block on a sleep and a callback; each moves on when it can."""
     counts: Counts = {}
     urls: dict[str, str] = {}
@@ -796,8 +793,7 @@ async def test_gather_resumes_when_any_branch_can_move(database_url: str) -> Non
 
         return list(await asyncio.gather(timer_branch(), callback_branch()))
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("two-branches", None)
         moved = await step_in(stack, run["id"], "after-sleep", "completed")
         assert moved["status"] == "running"
@@ -815,7 +811,7 @@ async def test_gather_resumes_when_any_branch_can_move(database_url: str) -> Non
         )
 
 
-async def test_cancel_reaches_a_waiting_child(database_url: str) -> None:
+async def test_cancel_reaches_a_waiting_child(database_url: str, kind: str) -> None:
     """Cancelling a parent waiting on a child cancels the child too; both end cancelled."""
     counts: Counts = {}
     sl = stepline.Stepline("secret-waits")
@@ -836,8 +832,7 @@ async def test_cancel_reaches_a_waiting_child(database_url: str) -> None:
             raise
         return "woke"
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("holder", None)
         waiting = await step_in(stack, run["id"], "kid", "waiting")
         child_id = step_of(waiting, "kid")["childRunId"]
@@ -875,7 +870,9 @@ async def test_one_event_resumes_every_waiting_run(database_url: str) -> None:
         assert again["matchedRuns"] == 0
 
 
-async def test_cancel_during_a_step_stops_at_the_next_boundary(database_url: str) -> None:
+async def test_cancel_during_a_step_stops_at_the_next_boundary(
+    database_url: str, kind: str
+) -> None:
     """A cancel while a step runs: that step finishes, the next one never runs, cleanup does."""
     counts: Counts = {}
     started = asyncio.Event()
@@ -897,8 +894,7 @@ async def test_cancel_during_a_step_stops_at_the_next_boundary(database_url: str
             raise
         return "finished"
 
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
-        await stack.register(sl, app_url)
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         run = await stack.client.start_run("busy", None)
         await asyncio.wait_for(started.wait(), 15)
         answer = await stack.client.cancel_run(run["id"])

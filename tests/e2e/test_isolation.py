@@ -27,6 +27,8 @@ NOT_BY_KEY = {
     "completeCallbackSigned",
     "reportProgress",
     "getStepResult",
+    "beatInvocation",
+    "answerInvocation",
 }
 # The owner walk's order: reads, then writes, then what ends or deletes a resource.
 LAST = ["cancelRun", "deleteSchedule", "revokeKey", "deleteApp"]
@@ -86,6 +88,8 @@ class Owner:
         sl.signing_secrets = (app["signingSecret"],)  # the app learns its secret, then syncs
         self.ids["app"] = app["slug"]
         await self._post(f"/v1/apps/{app['slug']}/sync", None)
+        pulled = await self._post("/v1/apps", {"name": "pulled", "kind": "pull"})
+        self.ids["pullApp"] = pulled["slug"]
         for name in ("runId", "cancelRun"):
             run = await self._post("/v1/runs", {"workflow": "waiter", "input": {}})
             self.ids[name] = run["id"]
@@ -119,6 +123,9 @@ class Owner:
         params = dict(self.ids)
         if op_id in ("retryRun", "cancelRun"):
             params["runId"] = self.ids["failedRun" if op_id == "retryRun" else "cancelRun"]
+        if op_id == "pollInvocations":  # a pull app's, answered at once
+            params["app"] = self.ids["pullApp"]
+            path += "?wait=0"
         url = re.sub(r"\{(\w+)\}", lambda m: params[m.group(1)], path)
         self.made += 1
         bodies: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,11 @@ async def test_answers_match_the_contract(database_url: str) -> None:
         while not any(s.get("callbackId") for s in waiting["steps"]):
             waiting = await stack.client.get_run(run["id"])
         cb_id = next(s["callbackId"] for s in waiting["steps"] if s.get("callbackId"))
+        replay = f"/v1/runs/{run['id']}/replay"
+        history = await call(stack, "GET", replay, "/v1/runs/{runId}/replay")
+        first = history["steps"][0]
+        assert (first["name"], first["status"]) == ("cb", "waiting")
+        assert first["callbackUrl"] and first["callbackId"] == cb_id
         await call(stack, "GET", f"/v1/callbacks/{cb_id}", "/v1/callbacks/{callbackId}")
         await call(
             stack, "POST", f"/v1/callbacks/{cb_id}", "/v1/callbacks/{callbackId}", json="\x00"
@@ -102,6 +108,8 @@ async def test_answers_match_the_contract(database_url: str) -> None:
         await stack.client.wait_run(run["id"], timeout=20)
         await call(stack, "GET", f"/v1/runs/{run['id']}?wait=1s", "/v1/runs/{runId}")
         await call(stack, "GET", f"/v1/runs/{run['id']}/events", "/v1/runs/{runId}/events")
+        await call(stack, "GET", replay, "/v1/runs/{runId}/replay")
+        await call(stack, "GET", f"/v1/runs/{uuid.uuid4()}/replay", "/v1/runs/{runId}/replay")
         await call(stack, "POST", f"/v1/runs/{run['id']}/cancel", "/v1/runs/{runId}/cancel")
         await call(stack, "POST", f"/v1/runs/{run['id']}/retry", "/v1/runs/{runId}/retry")
         await call(stack, "POST", "/v1/events", "/v1/events", json={"name": "e", "data": {}})

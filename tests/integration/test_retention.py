@@ -75,7 +75,8 @@ async def test_sweep_prunes_old_ticks_and_the_old_history_of_long_lived_runs(
 
 
 async def test_sweep_deletes_in_batches_until_nothing_is_left(database_url: str) -> None:
-    """More old runs than one batch are all deleted, with their callbacks, in one sweep."""
+    """More old runs than one batch are all deleted, with their callbacks and log lines, in
+    one sweep."""
     conn = await db.connect(database_url)
     pool = await db.create_pool(database_url, min_size=1, max_size=2)
     try:
@@ -91,9 +92,22 @@ async def test_sweep_deletes_in_batches_until_nothing_is_left(database_url: str)
             "INSERT INTO callbacks (id, project_id, run_id, step_name)"
             " SELECT gen_random_uuid(), project_id, id, 'cb' FROM runs WHERE ended_at IS NOT NULL"
         )
+        await conn.execute(
+            "INSERT INTO run_logs (run_id, seq, project_id, at, level, message)"
+            " SELECT id, n, project_id, now(), 'info', 'line' FROM runs,"
+            " generate_series(1, 2) n WHERE ended_at IS NOT NULL"
+        )
+        live = await conn.fetchval("SELECT id FROM runs WHERE ended_at IS NULL")
+        await conn.execute(
+            "INSERT INTO run_logs (run_id, seq, project_id, at, level, message)"
+            " VALUES ($1, 1, $2, now(), 'info', 'kept')",
+            live,
+            keys.DEFAULT_PROJECT,
+        )
         swept = await sweeper.sweep_once(pool, retention_days=30)
         assert swept.runs == 1200
         assert await conn.fetchval("SELECT count(*) FROM callbacks") == 0
+        assert await conn.fetchval("SELECT message FROM run_logs") == "kept"
         assert await conn.fetchval("SELECT count(*) FROM runs") == 1
     finally:
         await pool.close()
@@ -104,6 +118,7 @@ CASCADES = [
     ("callbacks", "DELETE FROM callbacks WHERE run_id = $1::uuid"),
     ("steps", "DELETE FROM steps WHERE run_id = $1::uuid"),
     ("run_events", "DELETE FROM run_events WHERE run_id = $1::uuid"),
+    ("run_logs", "DELETE FROM run_logs WHERE run_id = $1::uuid"),
     ("runs", "UPDATE runs SET parent_run_id = NULL WHERE parent_run_id = $1::uuid"),
 ]
 

@@ -115,6 +115,7 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, dict[str, str]
     ("retry_run", ("r1",), {}, "POST", "/v1/runs/r1/retry", {}, {}),
     ("list_run_events", ("r1",), {"after": 7, "limit": 100}, "GET", "/v1/runs/r1/events",
      {"after": "7", "limit": "100"}, None),
+    ("get_run_replay", ("r1",), {}, "GET", "/v1/runs/r1/replay", {}, None),
     ("complete_callback", ("cb1", {"ok": True}), {}, "POST", "/v1/callbacks/cb1", {},
      {"ok": True}),
     ("get_callback", ("cb1",), {}, "GET", "/v1/callbacks/cb1", {}, None),

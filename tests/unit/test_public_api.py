@@ -9,7 +9,7 @@ import stepline
 EXPECTED = {
     "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
     "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "Retries",
-    "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
+    "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError", "Worker",
     "__version__", "parse_duration", "protocol",
 }  # fmt: skip
 

@@ -24,12 +24,20 @@ class Recorder:
     def __init__(self, cancel: bool = False, stale: bool = False) -> None:
         self.calls: list[list[protocol.StepUpdate]] = []
         self.seqs: list[int] = []
+        self.logs: list[list[str]] = []
         self.cancel, self.stale = cancel, stale
 
     async def progress(
-        self, request: protocol.InvokeRequest, updates: list[protocol.StepUpdate], seq: int = 0
+        self,
+        request: protocol.InvokeRequest,
+        updates: list[protocol.StepUpdate],
+        seq: int = 0,
+        *,
+        logs: list[protocol.LogLine] | None = None,
+        logs_dropped: int = 0,
     ) -> protocol.ProgressResponse:
         self.seqs.append(seq)
+        self.logs.append([line.message for line in logs or []])
         self.calls.append(updates)
         if self.stale:
             raise StaleInvocation("another invocation owns the run")
@@ -81,6 +89,25 @@ async def test_each_progress_call_carries_the_previous_result() -> None:
     assert sender.seqs == [1, 2, 3]
     assert answer.status == "completed" and answer.output == 3
     assert brief(answer.updates) == [("complete", "c")]
+
+
+async def test_log_lines_ride_with_the_next_progress_call_or_the_answer() -> None:
+    """A line costs no call of its own: the lines written before a step starts go with that
+    step's progress call, the last ones with the answer."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> int:
+        ctx.log.info("before a")
+        a = await ctx.step("a", lambda: 1)
+        ctx.log.info("before b")
+        b = await ctx.step("b", lambda: a + 1)
+        ctx.log.info("at the end")
+        return b
+
+    sender = Recorder()
+    answer = await invoke(wf, request(), sender)
+    assert sender.seqs == [1, 2]
+    assert sender.logs == [["before a"], ["before b"]]
+    assert [line.message for line in answer.logs] == ["at the end"]
 
 
 async def test_replayed_steps_send_nothing() -> None:
@@ -214,6 +241,47 @@ async def test_new_step_before_recorded_one_is_nondeterminism() -> None:
     assert answer.status == "failed" and answer.error.code == "nondeterminism"
     assert "'x'" in answer.error.message and "'b'" in answer.error.message
     assert ran == [] and sender.calls == [] and answer.updates == []
+
+
+async def test_a_removed_step_the_run_had_passed_is_skipped() -> None:
+    """A recorded step the code no longer makes, with a later recorded step reached, is not
+    nondeterminism: the later steps replay and the new step after them runs."""
+    ran: list[str] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("a", ran.append, "a")
+        await ctx.sleep("nap", 1)
+        return await ctx.step("d", lambda: "d")
+
+    steps = [
+        record("a", "run", "completed", 0),
+        record("b", "run", "completed", 1, output="b"),
+        record("nap", "sleep", "completed", 2),
+    ]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "completed" and answer.output == "d"
+    assert ran == [] and [brief(c) for c in sender.calls] == [[("start", "d")]]
+
+
+async def test_a_removed_step_at_the_end_of_the_history_is_nondeterminism() -> None:
+    """A new step where the history has a step the code no longer makes (nothing recorded
+    after it was reached) is taken as a rename: nondeterminism, nothing run."""
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("a", lambda: "a")
+        return await ctx.step("d", lambda: "d")
+
+    steps = [
+        record("a", "run", "completed", 0),
+        record("b", "run", "completed", 1),
+        record("c", "run", "completed", 2),
+    ]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender)
+    assert answer.status == "failed" and answer.error.code == "nondeterminism"
+    assert "'d'" in answer.error.message and "'b'" in answer.error.message
+    assert sender.calls == []
 
 
 async def test_recorded_steps_met_in_another_order_are_nondeterminism() -> None:

@@ -85,3 +85,17 @@ def test_errors_carry_their_data() -> None:
     for exc in (terminal, retry, failed, child, stepline.Cancelled()):
         assert isinstance(exc, stepline.SteplineError)
     assert str(stepline.Cancelled())
+
+
+def test_a_code_schedule_takes_an_sla_as_a_duration() -> None:
+    """``schedule={"cron": ..., "sla": "10m"}`` is described with ``slaMs``; the dict given is
+    left as it was."""
+    sl = stepline.Stepline("whsec_t")
+    given = {"cron": "0 3 * * *", "sla": "10m"}
+
+    @sl.workflow("nightly", schedule=given)
+    async def nightly(ctx: stepline.Context, input: None) -> None: ...
+
+    (info,) = sl.describe().workflows
+    assert info.schedule is not None and info.schedule.sla_ms == 600_000
+    assert given == {"cron": "0 3 * * *", "sla": "10m"}

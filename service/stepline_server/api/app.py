@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
+from stepline_server.api import routes_pull as pull
 from stepline_server.api import routes_results as results
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
@@ -37,6 +38,8 @@ ROUTES: list[BaseRoute] = [
     Route(
         "/v1/invocations/{invocationId}/results/{position}", results.step_result, methods=["GET"]
     ),
+    Route("/v1/invocations/{invocationId}/heartbeat", pull.heartbeat, methods=["POST"]),
+    Route("/v1/invocations/{invocationId}/answer", pull.answer, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", health.metrics, methods=["GET"]),
@@ -47,6 +50,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
     Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
+    Route("/v1/apps/{app}/poll", pull.poll, methods=["POST"]),
     Route("/v1/workflows", apps.list_workflows, methods=["GET"]),
     Route("/v1/runs", runs.start_run, methods=["POST"]),
     Route("/v1/runs", runs.list_runs, methods=["GET"]),
@@ -55,6 +59,8 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
     Route("/v1/runs/{runId}/events", runs.list_events, methods=["GET"]),
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
+    Route("/v1/runs/{runId}/logs", runs.list_logs, methods=["GET"]),
+    Route("/v1/runs/{runId}/replay", runs.get_replay, methods=["GET"]),
     Route("/v1/callbacks/{callbackId}", waits.get_callback, methods=["GET"]),
     Route("/v1/callbacks/{callbackId}", waits.complete_callback, methods=["POST"]),
     Route(

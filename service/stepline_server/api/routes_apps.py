@@ -5,13 +5,14 @@ from __future__ import annotations
 import ipaddress
 import re
 import unicodedata
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline.protocol import DescribeResponse
 from stepline_server import appsync, serialize
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, project
@@ -22,7 +23,8 @@ from stepline_server.api.errors import (
     ValidationFailed,
     from_validation,
 )
-from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.responses import json_response, read_json, read_model
+from stepline_server.engine import pull as pull_rules
 from stepline_server.store import apps
 from stepline_server.store.db import Record
 
@@ -90,7 +92,8 @@ AppUrl = Annotated[str, Field(max_length=_MAX_URL), AfterValidator(app_url)]
 
 class AppCreate(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
-    url: AppUrl
+    url: AppUrl | None = None
+    kind: Literal["push", "pull"] = "push"
 
 
 class AppUpdate(BaseModel):
@@ -98,6 +101,11 @@ class AppUpdate(BaseModel):
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$"
     )
     url: AppUrl | None = None
+
+
+async def app_of(request: Request, *, role: str | None = None) -> Record:
+    """The app the path names, in the caller's environment (404 otherwise)."""
+    return await _app(request, role=role)
 
 
 async def _app(request: Request, *, role: str | None = None) -> Record:
@@ -122,9 +130,14 @@ async def _check_egress(request: Request, url: str) -> None:
 async def create_app(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, AppCreate)
-    await _check_egress(request, body.url)
+    problem = pull_rules.registration_problem(body.kind, body.url)
+    if problem is not None:
+        field, message = problem
+        raise ValidationFailed(f"invalid fields: {field}", {"fields": {field: message}})
+    if body.url is not None:
+        await _check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
-        row = await apps.create(conn, pid, body.name, body.url)
+        row = await apps.create(conn, pid, body.name, body.url, kind=body.kind)
     if row is None:
         raise InvalidState(f"the project already has an app named {body.name!r}")
     return json_response(serialize.app(row, secret=True), 201)
@@ -155,6 +168,9 @@ async def update_app(request: Request) -> Response:
     row = await _app(request)
     body = await read_model(request, AppUpdate)
     if body.url is not None:
+        if row["kind"] == "pull":
+            message = "a pull app has no URL: its workers poll the orchestrator"
+            raise ValidationFailed("invalid fields: url", {"fields": {"url": message}})
         await _check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
         try:
@@ -184,16 +200,21 @@ async def rotate_secret(request: Request) -> Response:
 
 async def sync_app(request: Request) -> Response:
     row = await _app(request)
-    try:
-        app_url(row["url"])
-    except ValueError as exc:  # registered before URLs were checked
-        raise AppUnreachable(f"the app's URL cannot be called ({exc}); change it first") from None
-    try:
-        done = await appsync.sync(orch(request), row)
-    except appsync.SyncFailed as exc:
-        raise AppUnreachable(str(exc)) from None
-    except ValidationError as exc:
-        raise from_validation(exc) from None
+    if row["kind"] == "pull":
+        done = await _sync_pulled(request, row)
+    else:
+        try:
+            app_url(row["url"])
+        except ValueError as exc:  # registered before URLs were checked
+            raise AppUnreachable(
+                f"the app's URL cannot be called ({exc}); change it first"
+            ) from None
+        try:
+            done = await appsync.sync(orch(request), row)
+        except appsync.SyncFailed as exc:
+            raise AppUnreachable(str(exc)) from None
+        except ValidationError as exc:
+            raise from_validation(exc) from None
     synced, workflows = done.app, done.workflows
     return json_response(
         {
@@ -209,6 +230,25 @@ async def sync_app(request: Request) -> Response:
             ],
         }
     )
+
+
+async def _sync_pulled(request: Request, row: Record) -> appsync.Synced:
+    """A pull app's sync: its worker sends the description the SDK's describe answers."""
+    data = await read_json(request, allow_empty=True)
+    if data is None:
+        raise ValidationFailed(
+            "a pull app is synced by its worker: send its description (stepline worker does)",
+            {"fields": {"workflows": "required"}},
+        )
+    if not isinstance(data, dict):
+        raise ValidationFailed("the request body must be a JSON object")
+    try:
+        described = DescribeResponse.model_validate(data)
+        return await appsync.register(orch(request), row, described)
+    except appsync.SyncFailed as exc:
+        raise ValidationFailed(str(exc), {"fields": {"workflows": str(exc)}}) from None
+    except ValidationError as exc:
+        raise from_validation(exc) from None
 
 
 async def list_workflows(request: Request) -> Response:

@@ -87,7 +87,9 @@ async def commit_progress(
     _check_storable(call)
     try:
         run_id = uuid.UUID(call.run_id)
-        plan = plan_updates(call.run_id, call.updates, call.generation)
+        plan = plan_updates(
+            call.run_id, call.updates, call.logs, call.logs_dropped, generation=call.generation
+        )
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
@@ -118,8 +120,9 @@ async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed
 
 
 def _check_storable(call: ProgressRequest) -> None:
-    """Refuse (422, nothing committed) an update PostgreSQL cannot store or the invocation
-    body could not carry back: NUL characters, deep nesting, integers past 64 bits."""
+    """Refuse (422, nothing committed) an update or a log line PostgreSQL cannot store or the
+    invocation body could not carry back: NUL characters, deep nesting, integers past 64
+    bits."""
     for update in call.updates:
         problem = _json.payload_problem(update.output) or _json.payload_problem(
             update.model_dump(mode="python", exclude={"output"})
@@ -127,6 +130,13 @@ def _check_storable(call: ProgressRequest) -> None:
         if problem:
             raise ValidationFailed(
                 f"step {update.name!r} cannot be stored: {problem}", {"step": update.name}
+            )
+    for n, line in enumerate(call.logs):
+        problem = _json.payload_problem(line.message) or _json.payload_problem(line.fields)
+        if problem or (line.step_name and "\x00" in line.step_name):
+            raise ValidationFailed(
+                f"log line {n} cannot be stored: {problem or 'NUL in stepName'}",
+                {"fields": {f"logs.{n}": problem or "NUL in stepName"}},
             )
 
 

@@ -1,11 +1,12 @@
-"""Routes for runs: start, read (with long poll), search, cancel, retry, history."""
+"""Routes for runs: start, read (with long poll), search, cancel, retry, history, logs,
+replay."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -235,17 +236,44 @@ async def list_events(request: Request) -> Response:
     pid = await project(request)
     run_id = path_uuid(request, "runId", "run")
     limit = pagination.limit_of(request)
-    raw_after = request.query_params.get("after", "0")
-    cursor = pagination.decode(request, pagination.as_seq)
-    if not (raw_after.isascii() and raw_after.isdigit() and int(raw_after) < 2**63):
-        raise ValidationFailed("after must be a sequence number", {"fields": {"after": raw_after}})
-    after = int(cursor[0]) if cursor else int(raw_after)
+    after = _after(request)
     async with orch(request).pool.acquire() as conn:
         if await runs.get(conn, pid, run_id) is None:
             raise NotFound(f"no run with id {run_id}")
         rows = await runs.events(conn, pid, run_id, after, limit + 1)
     rows, nxt = _seq_page(rows, limit)
     return json_response({"events": [serialize.event(r) for r in rows], "nextCursor": nxt})
+
+
+async def list_logs(request: Request) -> Response:
+    """``GET /v1/runs/{runId}/logs``: the run's log lines in order (``after``/``cursor``: a
+    line's seq), with how many lines the run dropped past its cap."""
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    limit = pagination.limit_of(request)
+    after = _after(request)
+    async with orch(request).pool.acquire() as conn:
+        run = await runs.get(conn, pid, run_id)
+        if run is None:
+            raise NotFound(f"no run with id {run_id}")
+        rows = await runs.logs(conn, pid, run_id, after, limit + 1)
+    rows, nxt = _seq_page(rows, limit)
+    return json_response(
+        {
+            "logs": [serialize.log_line(r) for r in rows],
+            "nextCursor": nxt,
+            "logsDropped": run["logs_dropped"],
+        }
+    )
+
+
+def _after(request: Request) -> int:
+    """The seq a list of a run's history or logs starts after: ``cursor``, else ``after``."""
+    raw_after = request.query_params.get("after", "0")
+    cursor = pagination.decode(request, pagination.as_seq)
+    if not (raw_after.isascii() and raw_after.isdigit() and int(raw_after) < 2**63):
+        raise ValidationFailed("after must be a sequence number", {"fields": {"after": raw_after}})
+    return int(cursor[0]) if cursor else int(raw_after)
 
 
 def _seq_page(rows: list[Record], limit: int) -> tuple[list[Record], str | None]:
@@ -272,3 +300,18 @@ async def list_invocations(request: Request) -> Response:
     rows, nxt = _seq_page(rows, limit)
     items = [serialize.invocation(r) for r in rows]
     return json_response({"invocations": items, "nextCursor": nxt})
+
+
+async def get_replay(request: Request) -> Response:
+    """``GET /v1/runs/{runId}/replay``: the run's input and recorded steps as an invocation
+    carries them, for ``stepline replay-check`` to replay against other code."""
+    pid = await project(request)
+    run_id = path_uuid(request, "runId", "run")
+    o = orch(request)
+    async with o.pool.acquire() as conn:
+        row = await runs.get(conn, pid, run_id)
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        steps = await runs.steps(conn, run_id)
+    now = datetime.now(UTC)
+    return json_response(serialize.replay(row, steps, now, reads.callback_url(o)))

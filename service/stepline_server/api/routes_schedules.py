@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline._durations import to_ms
 from stepline_server import reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, project
@@ -25,6 +26,23 @@ _ID = re.compile(r"^wfs_[A-Za-z0-9]+$")
 
 
 _MAX_INT32 = 2**31 - 1  # disable_after is an integer column
+_MAX_SLA_MS = 366 * 86_400_000
+
+
+def _sla_ms(value: Any) -> int | None:
+    """An SLA given as a duration (seconds, or a string like ``"5m"``) in ms: over 0, at most a
+    year."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("sla must be a duration: a number of seconds or a string like '5m'")
+    try:
+        ms = to_ms(value)
+    except OverflowError:
+        ms = _MAX_SLA_MS + 1
+    if not 0 < ms <= _MAX_SLA_MS:
+        raise ValueError("sla must be more than 0 and at most 366 days")
+    return ms
 
 
 class ScheduleCreate(BaseModel):
@@ -37,6 +55,9 @@ class ScheduleCreate(BaseModel):
     disable_after: int = Field(
         default=rules.DEFAULT_DISABLE_AFTER, ge=0, le=_MAX_INT32, alias="disableAfter"
     )
+    sla: int | None = None  # ms, from a duration
+
+    _sla = field_validator("sla", mode="before")(_sla_ms)
 
 
 class ScheduleUpdate(BaseModel):
@@ -46,6 +67,9 @@ class ScheduleUpdate(BaseModel):
     overlap: rules.OverlapPolicy | None = None
     misfire: rules.MisfirePolicy | None = None
     disable_after: int | None = Field(default=None, ge=0, le=_MAX_INT32, alias="disableAfter")
+    sla: int | None = None  # ms, from a duration; null removes it
+
+    _sla = field_validator("sla", mode="before")(_sla_ms)
 
 
 _CAMEL = {"disable_after": "disableAfter"}
@@ -90,6 +114,7 @@ async def create_schedule(request: Request) -> Response:
         overlap=body.overlap,
         misfire=body.misfire,
         disable_after=body.disable_after,
+        sla_ms=body.sla,
     )
     o = orch(request)
     async with o.pool.acquire() as conn:
@@ -130,11 +155,13 @@ async def update_schedule(request: Request) -> Response:
     if not given:
         raise ValidationFailed(
             "give at least one field to change: cron, timezone, input, overlap, misfire,"
-            " disableAfter"
+            " disableAfter, sla"
         )
     changes: dict[str, Any] = {name: getattr(body, name) for name in given}
+    if "sla" in changes:
+        changes["sla_ms"] = changes.pop("sla")
     for name, value in changes.items():
-        if value is None and name != "input":
+        if value is None and name not in ("input", "sla_ms"):
             field = _CAMEL.get(name, name)
             raise ValidationFailed(f"{field} must not be null", {"fields": {field: "null"}})
     try:

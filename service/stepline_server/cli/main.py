@@ -1,5 +1,5 @@
-"""The ``stepline`` command: serve, dev, migrate, projects, environments, keys and the
-operator commands."""
+"""The ``stepline`` command: serve, dev, migrate, projects, environments, keys, the
+operator commands and the SDK's ``replay-check``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from stepline import _replaycheck
 from stepline_server import logs, multiproc
 from stepline_server.cli import operate, tenancy
 from stepline_server.settings import Settings, from_env
@@ -111,11 +112,16 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations and exit")
     tenancy.add_commands(sub)
     operate.add_commands(sub)
+    check = sub.add_parser("replay-check", help=_replaycheck.HELP, description=_replaycheck.HELP)
+    _replaycheck.add_arguments(check)
+    check.set_defaults(sdk_command=_replaycheck.run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "sdk_command", None):
+        return int(args.sdk_command(args))
     if getattr(args, "operate", None):
         return operate.run(args)
     try:

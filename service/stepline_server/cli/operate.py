@@ -95,6 +95,36 @@ def runs_events(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: Tex
         time.sleep(FOLLOW_POLL_SECONDS)
 
 
+def runs_logs(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    if not a.follow:
+        page = c.list_run_logs(a.id, limit=500)
+        lines = page["logs"]
+        while page.get("nextCursor"):
+            page = c.list_run_logs(a.id, cursor=page["nextCursor"], limit=500)
+            lines += page["logs"]
+        if a.json:
+            return output.as_json({"logs": lines, "logsDropped": page["logsDropped"]}, out)
+        for line in lines:
+            out.write(output.log_line(line) + "\n")
+        if page["logsDropped"]:
+            err.write(f"({page['logsDropped']} newer lines were dropped past the run's cap)\n")
+        return
+    after, dropped = 0, 0
+    while True:
+        # Read the status before the lines: an end seen here has its lines in those read next.
+        status = c.get_run(a.id)["status"]
+        for line in c.iter_run_logs(a.id, after=after):
+            after = line["seq"]
+            out.write((json.dumps(line) if a.json else output.log_line(line)) + "\n")
+            out.flush()
+        if status in ENDED:
+            dropped = c.list_run_logs(a.id, after=after, limit=1)["logsDropped"]
+            if dropped:
+                err.write(f"({dropped} newer lines were dropped past the run's cap)\n")
+            return
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
 def _progress(run: dict[str, Any]) -> str:
     steps = run.get("steps") or []
     done = sum(1 for s in steps if s["status"] == "completed")
@@ -164,16 +194,34 @@ def apps_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextI
     if a.json:
         return output.as_json(page, out)
     rows = [
-        (r["slug"], r["name"], r["url"], r.get("deploymentId"), output.when(r.get("syncedAt")))
+        (
+            r["slug"],
+            r["name"],
+            r.get("kind", "push"),
+            r["url"] if r["url"] is not None else "-",
+            r.get("deploymentId"),
+            output.when(r.get("syncedAt")),
+            output.when(r.get("lastPolledAt")),
+        )
         for r in page["apps"]
     ]
-    output.table(["SLUG", "NAME", "URL", "DEPLOYMENT", "SYNCED"], rows, out)
+    headers = ["SLUG", "NAME", "KIND", "URL", "DEPLOYMENT", "SYNCED", "POLLED"]
+    output.table(headers, rows, out)
 
 
 def apps_register(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    app = c.create_app(a.name, a.url)
+    if a.pull == (a.app_url is not None):
+        raise UsageError("apps register: give the app's URL, or --pull (and no URL)")
+    app = c.create_app(a.name, a.app_url, kind="pull" if a.pull else "push")
     if a.json:
         return output.as_json(app, out)
+    if a.pull:
+        out.write(f"pull app {app['slug']} ({app['name']}) registered\n")
+        out.write(f"signing secret (shown once): {app['signingSecret']}\n\n")
+        out.write("Next: on a machine with the app's code, run its worker (it syncs the app):\n")
+        out.write(f"  stepline worker MODULE:ATTR --app {app['slug']}\n")
+        out.write("with STEPLINE_URL and STEPLINE_API_KEY (a write key) set.\n")
+        return None
     out.write(f"app {app['slug']} ({app['name']}) registered at {app['url']}\n")
     out.write(f"signing secret (shown once): {app['signingSecret']}\n\n")
     out.write("Next: give the app this secret as STEPLINE_SIGNING_SECRET, restart it, then\n")
@@ -207,10 +255,12 @@ def schedules_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: 
             s["status"],
             output.when(s.get("nextFireAt")),
             output.when(s.get("lastFireAt")),
+            output.duration(s["slaMs"] / 1000) if s.get("slaMs") else None,
         )
         for s in page["schedules"]
     ]
-    output.table(["ID", "WORKFLOW", "CRON", "TIMEZONE", "STATUS", "NEXT", "LAST"], rows, out)
+    headers = ["ID", "WORKFLOW", "CRON", "TIMEZONE", "STATUS", "NEXT", "LAST", "SLA"]
+    output.table(headers, rows, out)
 
 
 def _schedule_change(name: str) -> Command:
@@ -272,6 +322,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = leaf(runs, "events", runs_events, "a run's history")
     p.add_argument("id")
     p.add_argument("--follow", action="store_true", help="print new events until the run ends")
+    p = leaf(runs, "logs", runs_logs, "a run's log lines (ctx.log and logging in steps)")
+    p.add_argument("id")
+    p.add_argument("--follow", action="store_true", help="print new lines until the run ends")
     p = leaf(runs, "start", runs_start, "start a run")
     p.add_argument("workflow")
     p.add_argument("--input", help="the input, as JSON")
@@ -299,7 +352,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--limit", type=int, default=100)
     p = leaf(apps, "register", apps_register, "register an app; prints its signing secret")
     p.add_argument("name")
-    p.add_argument("url", help="where the app's Stepline handler answers")
+    p.add_argument(
+        "app_url", metavar="url", nargs="?", help="where the app's Stepline handler answers"
+    )
+    p.add_argument(
+        "--pull",
+        action="store_true",
+        help="a pull app: no URL, its workers poll for invocations (stepline worker)",
+    )
     p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
     p.add_argument("app", help="the app's id, slug or name")
 

@@ -109,8 +109,12 @@ def run_lines(run: dict[str, Any]) -> list[str]:
     for label, key in (("runKey", "runKey"), ("parent", "parentRunId"), ("schedule", "scheduleId")):
         if run.get(key):
             lines.append(f"{label:<9} {run[key]}")
+    if run.get("trigger"):
+        lines.append(f"trigger   {run['trigger']}")
     if run.get("deploymentId"):
         lines.append(f"deployment {run['deploymentId']}")
+    if run.get("scheduledAt"):
+        lines.append(f"scheduled {when(run['scheduledAt'])}  {timing(run)}".rstrip())
     lines.append(
         f"created   {when(run.get('createdAt'))}  ended {when(run.get('endedAt'))}"
         f"  took {took(run.get('createdAt'), run.get('endedAt'))}"
@@ -119,6 +123,9 @@ def run_lines(run: dict[str, Any]) -> list[str]:
     if run.get("output") is not None:
         lines.append(f"output    {cell(run['output'])}")
     lines.extend(error_lines(run.get("error"), indent=""))
+    if run.get("logLines") or run.get("logsDropped"):
+        dropped = f", {run['logsDropped']} dropped past the cap" if run.get("logsDropped") else ""
+        lines.append(f"logs      {run.get('logLines', 0)} lines{dropped} (stepline runs logs ID)")
     steps = run.get("steps")
     if steps is not None:
         lines.append("")
@@ -131,6 +138,28 @@ def run_lines(run: dict[str, Any]) -> list[str]:
             )
             lines.extend(error_lines(s.get("error"), indent="    "))
     return lines
+
+
+def timing(run: dict[str, Any]) -> str:
+    """A scheduled run's start lag and end-to-end time, and how it kept to its SLA."""
+    parts = []
+    if run.get("startLagMs") is not None:
+        parts.append(f"start lag {duration(run['startLagMs'] / 1000)}")
+    if run.get("e2eMs") is not None:
+        parts.append(f"end to end {duration(run['e2eMs'] / 1000)}")
+    if run.get("slaMs") is not None:
+        verdict = {True: "BREACHED", False: "met", None: "-"}[run.get("slaBreached")]
+        parts.append(f"SLA {duration(run['slaMs'] / 1000)} {verdict}")
+    return ", ".join(parts)
+
+
+def log_line(line: dict[str, Any]) -> str:
+    """One run log line: time, level, step, message and its fields."""
+    parts = [when(line.get("at")), f"{line['level'].upper():<7}", line.get("stepName") or "-"]
+    parts.append(str(line.get("message", "")).replace("\n", "\n    "))
+    if line.get("fields"):
+        parts.append(cell(line["fields"]))
+    return "  ".join(parts)
 
 
 def event_line(event: dict[str, Any]) -> str:

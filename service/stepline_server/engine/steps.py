@@ -6,8 +6,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
+from stepline.protocol import Action, LogLine, StepKind, StepStatus, StepUpdate
 from stepline_server.engine import ids
+from stepline_server.engine import logs as run_logs
 
 _NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
 
@@ -99,13 +100,16 @@ class ChildStart:
 
 @dataclass
 class Plan:
-    """What a batch of updates writes: step rows, history events, callbacks and children."""
+    """What a batch of updates writes: step rows, history events, callbacks and children, and
+    the log lines written with them (how many the SDK dropped before them, too)."""
 
     changes: list[StepChange] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     callbacks: list[tuple[str, str, int | None]] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
     event_waits: list[StepChange] = field(default_factory=list)
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    logs_dropped: int = 0
 
     @property
     def needs_transaction(self) -> bool:
@@ -113,11 +117,18 @@ class Plan:
         return bool(self.children or self.event_waits)
 
 
-def plan_updates(run_id: str, updates: list[StepUpdate], generation: int = 1) -> Plan:
-    """Turn the SDK's updates into rows and events; a later update of a step wins its row.
-    The ids of callbacks and children count the run's ``generation`` past the first, so a step
-    of a later generation never meets one an earlier generation made under the same name."""
-    plan = Plan()
+def plan_updates(
+    run_id: str,
+    updates: list[StepUpdate],
+    logs: list[LogLine] | None = None,
+    logs_dropped: int = 0,
+    generation: int = 1,
+) -> Plan:
+    """Turn the SDK's updates into rows and events (a later update of a step wins its row),
+    with the log lines that came with them. The ids of callbacks and children count the run's
+    ``generation`` past the first, so a step of a later generation never meets one an earlier
+    generation made under the same name."""
+    plan = Plan(logs=run_logs.rows(logs or []), logs_dropped=logs_dropped)
     by_name: dict[str, StepChange] = {}
     for u in updates:
         status, event_type, kinds = _ACTIONS[u.action]

@@ -23,6 +23,7 @@ from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops.backoff import Backoff
 from stepline_server.loops.batcher import ProgressBatcher
+from stepline_server.loops.pollers import Pollers
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
 from stepline_server.store import db, dispatch, runs
@@ -71,6 +72,7 @@ class Dispatcher:
         # was away, a lease may have lapsed only because its holder could not beat meanwhile.
         self._no_takeovers_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.pollers = Pollers()  # pull apps' workers' long polls waiting here
 
     def database_was_away(self) -> None:
         """The database could not be reached: for one lease from now, leave runs whose lease
@@ -105,8 +107,10 @@ class Dispatcher:
         return True
 
     def wake(self) -> None:
-        """Look for due work now (a NOTIFY arrived or a run was started here)."""
+        """Look for due work now (a NOTIFY arrived or a run was started here); pull apps'
+        workers polling here look too."""
         self.wakeup.set()
+        self.pollers.wake_all()
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[Slot]:
@@ -288,6 +292,10 @@ class Dispatcher:
         self._tasks.discard(task)
         self.wakeup.set()
 
+    async def release_held(self, claim: Mapping[str, Any]) -> None:
+        """Let runs held by ``claim``'s concurrency cap go as far as it has room now."""
+        await self._release_held(claim)
+
     async def _release_held(self, claim: Mapping[str, Any]) -> None:
         cap = int((claim["options"] or {}).get("concurrency") or 0)
         capped = dispatch.Capped(
@@ -353,27 +361,13 @@ class Dispatcher:
         """Invoke the app for a claimed run whose invocation has begun (``steps`` as they are
         now), not before ``not_before`` (monotonic), and record how the invocation ended."""
         run_id: uuid.UUID = claim["id"]
-        token: str = claim["lease_token"]
-        invocation_id: uuid.UUID = claim["invocation_id"]
         if claim["past_deadline"]:
-            async with self.pool.acquire() as conn, conn.transaction():
-                error = {
-                    "type": "TimedOut",
-                    "code": "timed_out",
-                    "message": "the run went past its time limit",
-                }
-                ended = await dispatch.end_run(
-                    conn, run_id, token, rules.RunStatus.TIMED_OUT, None, error
-                )
-            if ended:
-                self.metrics.run_ended(claim["workflow"], rules.RunStatus.TIMED_OUT.value)
-                tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
-            log.info("run_timed_out")
+            await self.time_out(claim)
             return
         attempt = claim["invoke_attempts"] + 1
         if claim["app_url"] is None:
             return
-        if await self._history_spent(claim, steps):
+        if await self.history_spent(claim, steps):
             return
         if (early := not_before - time.monotonic()) > 0:
             # Claimed and begun ahead of a sleep's end: call the app when it ends.
@@ -392,36 +386,75 @@ class Dispatcher:
             result = await self.caller.invoke(
                 claim["app_url"], list(claim["app_secrets"]), body, trace_headers
             )
-        plan: Plan | None = None
-        outcome: dispatch.Outcome
         if result.ok:
             assert isinstance(result.response, InvokeResponse)
-            response = result.response
-            if response.status is InvokeStatus.STALE:
-                log.info("invocation_stale")
-                return
-            try:
-                plan = plan_updates(str(run_id), response.updates, claim.get("generation") or 1)
-                outcome = _outcome(response, result.http_status, result.duration_ms)
-            except InvalidUpdate as exc:
-                plan = None
-                outcome = self._failure(
-                    claim,
-                    f"the app answered with a bad update: {exc}",
-                    result.http_status,
-                    result.duration_ms,
-                    response.deployment_id,
-                )
-        else:
+            await self.answered(claim, result.response, result.http_status, result.duration_ms)
+            return
+        outcome = self._failure(
+            claim,
+            result.reason,
+            result.http_status,
+            result.duration_ms,
+            None,
+            result.retry_after,
+        )
+        await self._record(claim, Plan(), outcome)
+
+    async def time_out(self, claim: Mapping[str, Any]) -> None:
+        """End a claimed run that went past its time limit (no app is called)."""
+        run_id: uuid.UUID = claim["id"]
+        async with self.pool.acquire() as conn, conn.transaction():
+            error = {
+                "type": "TimedOut",
+                "code": "timed_out",
+                "message": "the run went past its time limit",
+            }
+            ended = await dispatch.end_run(
+                conn, run_id, claim["lease_token"], rules.RunStatus.TIMED_OUT, None, error
+            )
+        if ended:
+            self.metrics.run_ended(claim["workflow"], rules.RunStatus.TIMED_OUT.value)
+            tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
+        log.info("run_timed_out")
+
+    async def answered(
+        self,
+        claim: Mapping[str, Any],
+        response: InvokeResponse,
+        http_status: int | None,
+        duration_ms: int,
+    ) -> bool:
+        """Record the app's answer to the invocation of ``claim`` (over HTTP, or from a pull
+        app's worker); whether it was recorded (False: stale, the lease was lost)."""
+        if response.status is InvokeStatus.STALE:
+            log.info("invocation_stale")
+            return False
+        plan: Plan | None
+        try:
+            plan = plan_updates(
+                str(claim["id"]),
+                response.updates,
+                response.logs,
+                response.logs_dropped,
+                generation=claim.get("generation") or 1,
+            )
+            outcome = _outcome(response, http_status, duration_ms)
+        except InvalidUpdate as exc:
+            plan = None
             outcome = self._failure(
                 claim,
-                result.reason,
-                result.http_status,
-                result.duration_ms,
-                None,
-                result.retry_after,
+                f"the app answered with a bad update: {exc}",
+                http_status,
+                duration_ms,
+                response.deployment_id,
             )
-        ok = await self._finish(run_id, token, invocation_id, plan or Plan(), outcome)
+        return await self._record(claim, plan or Plan(), outcome)
+
+    async def _record(
+        self, claim: Mapping[str, Any], plan: Plan, outcome: dispatch.Outcome
+    ) -> bool:
+        run_id: uuid.UUID = claim["id"]
+        ok = await self._finish(run_id, claim["lease_token"], claim["invocation_id"], plan, outcome)
         self.metrics.invocation_ended(outcome.status, outcome.duration_ms)
         if ok and outcome.status in _RUN_ENDS:
             self.metrics.run_ended(claim["workflow"], outcome.status)
@@ -433,8 +466,9 @@ class Dispatcher:
             duration_ms=outcome.duration_ms,
             recorded=ok,
         )
+        return ok
 
-    async def _history_spent(self, claim: Mapping[str, Any], steps: Sequence[Record]) -> bool:
+    async def history_spent(self, claim: Mapping[str, Any], steps: Sequence[Record]) -> bool:
         """End the run ``failed`` (``history_limit_exceeded``) when its history is past the
         limit, instead of invoking it; warn near it."""
         limits = history.Limits(self.settings.history_max_steps, self.settings.history_max_bytes)
@@ -448,14 +482,7 @@ class Dispatcher:
         outcome = dispatch.Outcome(
             status="failed", error=verdict.error, duration_ms=0, reason="history limit exceeded"
         )
-        run_id: uuid.UUID = claim["id"]
-        ok = await self._finish(
-            run_id, claim["lease_token"], claim["invocation_id"], Plan(), outcome
-        )
-        self.metrics.invocation_ended(outcome.status, outcome.duration_ms)
-        if ok:
-            self.metrics.run_ended(claim["workflow"], outcome.status)
-            tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
+        await self._record(claim, Plan(), outcome)
         return True
 
     async def _finish(

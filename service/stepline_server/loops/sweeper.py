@@ -42,8 +42,8 @@ async def _batches(delete: Callable[[], Awaitable[int]]) -> int:
 
 async def sweep_once(pool: Pool, retention_days: float) -> Swept:
     """Delete old events and, when runs are not kept for ever, what is older than the
-    retention: ended runs (with their steps, callbacks and history), schedule ticks, and the
-    history of runs still going."""
+    retention: ended runs (with their steps, callbacks, history and log lines), schedule ticks,
+    and the history of runs still going."""
     async with pool.acquire() as conn:
         events = await _batches(lambda: waits.delete_old_events(conn, EVENT_RETENTION_SECONDS))
         swept = Swept(events, 0, 0, 0)

@@ -24,12 +24,19 @@ def new_slug() -> str:
 
 
 async def create(
-    conn: Conn, project_id: uuid.UUID, name: str, url: str, secret: str | None = None
+    conn: Conn,
+    project_id: uuid.UUID,
+    name: str,
+    url: str | None,
+    secret: str | None = None,
+    *,
+    kind: str = "push",
 ) -> Record | None:
-    """Register an app; None when the project already has one with that name."""
+    """Register an app (a push app with its ``url``; a ``pull`` app with none); None when the
+    project already has one with that name."""
     signing = secret or new_secret()
     return await conn.fetchrow(
-        Q["insert_app"], uuid.uuid4(), project_id, new_slug(), name, url, [signing]
+        Q["insert_app"], uuid.uuid4(), project_id, new_slug(), name, url, [signing], kind
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepline.protocol import INLINE_RESULT_BYTES
+from stepline_server.engine import logs as run_logs
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import Plan
 from stepline_server.store import history, runs, schedules
@@ -105,11 +106,16 @@ async def backlog(conn: Conn) -> tuple[int, float]:
     return int(row["n"]), float(row["oldest_s"])
 
 
-async def heartbeat(conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float) -> None:
-    """Extend the leases of invocations still in flight."""
-    if leases:
-        held = [{"id": str(run_id), "token": token} for run_id, token in leases]
-        await conn.execute(Q["heartbeat"], held, lease_seconds)
+async def heartbeat(
+    conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float
+) -> dict[uuid.UUID, bool]:
+    """Extend the leases of invocations still in flight; answers each run whose lease held,
+    with whether its cancellation was requested."""
+    if not leases:
+        return {}
+    held = [{"id": str(run_id), "token": token} for run_id, token in leases]
+    rows = await conn.fetch(Q["heartbeat"], held, lease_seconds)
+    return {row["id"]: row["cancel_requested"] for row in rows}
 
 
 async def begin_invocations(
@@ -201,9 +207,10 @@ async def commit(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Committed
 
 
 async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Record]:
-    """Commit several runs' progress in one statement; a run missing from the answer had a
-    stale token (nothing of it was written). Each run may appear once."""
-    requests, changes, events, callbacks = [], [], [], []
+    """Commit several runs' progress in one statement, with their log lines (as far as each
+    run's log has room: see :mod:`stepline_server.engine.logs`); a run missing from the answer
+    had a stale token (nothing of it was written). Each run may appear once."""
+    requests, changes, events, callbacks, lines = [], [], [], [], []
     for item in items:
         run = str(item.run_id)
         run_events = [*item.plan.events, *item.extra_events]
@@ -215,6 +222,7 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
                 "n_events": len(run_events),
                 "seq": item.seq,
                 "digest": item.digest,
+                "logs_dropped": item.plan.logs_dropped,
             }
         )
         changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
@@ -223,7 +231,17 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
             {"run_id": run, "id": cid, "step_name": name, "timeout_ms": timeout}
             for cid, name, timeout in item.plan.callbacks
         ]
-    rows = await conn.fetch(Q["progress"], requests, changes, events, callbacks)
+        lines += [line | {"run_id": run} for line in item.plan.logs]
+    rows = await conn.fetch(
+        Q["progress"],
+        requests,
+        changes,
+        events,
+        callbacks,
+        lines,
+        run_logs.MAX_LINES,
+        run_logs.MAX_BYTES,
+    )
     return {row["id"]: row for row in rows}
 
 
@@ -300,7 +318,7 @@ async def _start_child(
         await runs.append_events(
             conn,
             cid,
-            [{"type": "run.started", "data": {"trigger": "invoke", "parentRunId": str(run_id)}}],
+            [{"type": "run.started", "data": {"trigger": "parent", "parentRunId": str(run_id)}}],
         )
         await conn.execute(Q["notify_wake"])
         return
@@ -332,13 +350,21 @@ async def _start_child(
 
 
 async def restart(
-    conn: Conn, run_id: uuid.UUID, position: int | None, from_step: str | None
+    conn: Conn,
+    run_id: uuid.UUID,
+    position: int | None,
+    from_step: str | None,
+    trigger: str | None = None,
 ) -> Record:
     """Run an ended run again, from its first failed or unfinished step (or the step at
-    ``position``, when earlier). In a transaction, with the run locked."""
+    ``position``, when earlier); with ``trigger``, the run says it came from there now (its
+    ``run.retried`` event keeps the trigger it had). In a transaction, with the run locked."""
+    before = await conn.fetchval(Q["run_trigger"], run_id) if trigger is not None else None
     await conn.execute(Q["delete_steps_for_retry"], run_id, position)
-    row = await conn.fetchrow(Q["restart_run"], run_id)
+    row = await conn.fetchrow(Q["restart_run"], run_id, trigger)
     data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
+    if trigger is not None and before != trigger:
+        data["previousTrigger"] = before
     await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
     await conn.execute(Q["notify_wake"])
     return row

@@ -77,8 +77,9 @@ WHERE project_id = $1 AND id = $2
 RETURNING *;
 
 -- name: insert_app
-INSERT INTO apps (id, project_id, slug, name, url, signing_secrets)
-VALUES ($1, $2, $3, $4, $5, $6)
+-- A push app has a url ($5), a pull app ($7 = 'pull') none.
+INSERT INTO apps (id, project_id, slug, name, url, signing_secrets, kind)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (project_id, name) DO NOTHING
 RETURNING *;
 
@@ -139,10 +140,13 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- read as the workflow's options name them). When $13 (an orchestrator)
 -- is given and the workflow has no concurrency cap, the run is created leased to it for $14
 -- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
--- and the row carries what the invocation needs.
+-- and the row carries what the invocation needs. A run of a pull app is never created leased,
+-- and always wakes every orchestrator (their workers' polls claim it).
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
-           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL AS leased
+           a.kind = 'pull' AS pull,
+           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL AND a.kind = 'push'
+               AS leased
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
@@ -151,7 +155,7 @@ r AS (
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
                       progress_at, event_id, concurrency_key, singleton_key,
-                      definition_version)
+                      definition_version, pull)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -171,7 +175,7 @@ r AS (
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
-           w.version
+           w.version, w.pull
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -185,7 +189,7 @@ e AS (
 )
 SELECT r.*, w.slug AS app_slug, w.url AS app_url, w.signing_secrets AS app_secrets,
        coalesce(r.deadline_at <= now(), false) AS past_deadline,
-       CASE WHEN $12::boolean THEN pg_notify('stepline_wake', '') END
+       CASE WHEN $12::boolean OR w.pull THEN pg_notify('stepline_wake', '') END
 FROM r, w;
 
 -- name: get_run_by_key
@@ -193,11 +197,13 @@ SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.run_key = $2;
 
 -- name: get_run
--- The run, its app's slug and the deployment of its last invocation that named one.
+-- The run, its app's slug, the deployment of its last invocation that named one and the SLA
+-- of its schedule.
 SELECT r.*, a.slug AS app_slug,
        (SELECT e.deployment_id FROM run_events e
         WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
-        ORDER BY e.seq DESC LIMIT 1) AS deployment_id
+        ORDER BY e.seq DESC LIMIT 1) AS deployment_id,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.id = $2;
 
@@ -209,7 +215,9 @@ FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
 -- name: search_runs
-SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+SELECT r.*, a.slug AS app_slug,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
+FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1
   AND ($2::text IS NULL OR r.workflow = $2)
   AND ($3::run_status IS NULL OR r.status = $3)
@@ -219,6 +227,13 @@ WHERE r.project_id = $1
   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))
 ORDER BY r.created_at DESC, r.id DESC
 LIMIT $9;
+
+-- name: list_logs
+-- The log lines of run $1 (project $2) after seq $3, in order, at most $4.
+SELECT l.* FROM run_logs l
+WHERE l.run_id = $1 AND l.project_id = $2 AND l.seq > $3
+ORDER BY l.seq
+LIMIT $4;
 
 -- name: list_events
 SELECT e.* FROM run_events e
@@ -251,11 +266,12 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
 -- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
 -- unless past their deadline. Without takeovers ($5 false), a run whose lease expired is left
 -- to its holder (the dispatcher asks so just after the database was away). taken_over: the run still had a lease, run out (its
--- orchestrator died or stalled).
-WITH due AS (
+-- orchestrator died or stalled). Runs of pull apps are left to their workers' polls
+-- (claim_pull), but claimed here once past their deadline, to be ended.
+WITH push_due AS (
     SELECT id, ready_at, lease_token AS old_token
     FROM runs
-    WHERE ready_at <= now() + make_interval(secs => $4::double precision)
+    WHERE ready_at <= now() + make_interval(secs => $4::double precision) AND NOT pull
       AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
       AND ($5::boolean OR lease_token IS NULL)
       AND (ready_at <= now()
@@ -265,6 +281,18 @@ WITH due AS (
     ORDER BY ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+pull_overdue AS (
+    SELECT id, ready_at, lease_token AS old_token
+    FROM runs
+    WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
+      AND ($5::boolean OR lease_token IS NULL)
+    ORDER BY deadline_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT * FROM (SELECT * FROM push_due UNION ALL SELECT * FROM pull_overdue) d LIMIT $1
 )
 UPDATE runs r
 SET lease_token = gen_random_uuid()::text,
@@ -290,10 +318,20 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
 
 -- name: due_capped_workflows
 -- The workflows with a concurrency cap that have runs due now (not held, not past their
--- deadline), by concurrency key value, with the cap their runs were started under.
+-- deadline), by concurrency key value, with the cap their runs were started under. Pull apps'
+-- runs are left to due_capped_pull_workflows.
 SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
 FROM runs
-WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL
+WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL AND NOT pull
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow, concurrency_key;
+
+-- name: due_capped_pull_workflows
+-- As due_capped_workflows, for the runs of pull app $1.
+SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
+FROM runs
+WHERE pull AND app_id = $1 AND ready_at <= now() AND NOT held
+  AND options ->> 'concurrency' IS NOT NULL
   AND (deadline_at IS NULL OR deadline_at > now())
 GROUP BY project_id, workflow, concurrency_key;
 
@@ -370,6 +408,55 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
+-- name: claim_pull
+-- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds, as claim_due
+-- leases (a run whose lease ran out is taken over: its worker died or stalled). Runs of a
+-- workflow with a concurrency cap are left to claim_capped, runs past their deadline to the
+-- dispatcher (which ends them).
+WITH due AS (
+    SELECT id, ready_at, lease_token AS old_token
+    FROM runs
+    WHERE pull AND app_id = $2 AND ready_at <= now()
+      AND options ->> 'concurrency' IS NULL
+      AND (deadline_at IS NULL OR deadline_at > now())
+    ORDER BY ready_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $3,
+    ready_at = least(now() + make_interval(secs => $4::double precision), r.deadline_at),
+    claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
+    progress_seq = 0,
+    progress_digest = NULL,
+    held = false,
+    started_at = coalesce(r.started_at, now())
+FROM due
+WHERE r.id = due.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, false AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          r.concurrency_key, r.generation, 0::double precision AS due_in,
+          due.old_token IS NOT NULL AS taken_over, r.created_at,
+          NULL::text AS app_url, NULL::text[] AS app_secrets;
+
+-- name: pull_lease
+-- The run $1 of a pull app while lease $2 holds it: what recording its invocation's answer
+-- needs (as a claim row has it).
+SELECT id, project_id, app_id, workflow, status, input, options, cancel_requested,
+       false AS past_deadline, lease_token, invocation_id, invoke_attempts, undelivered_since,
+       wake_seq, concurrency_key, created_at, generation
+FROM runs WHERE id = $1 AND lease_token = $2 AND pull;
+
+-- name: app_polled
+-- A worker of app $1 polls now; written at most once a second (workers of a busy app poll
+-- back to back, and the app's row would be a hot spot).
+UPDATE apps SET polled_at = now()
+WHERE id = $1 AND (polled_at IS NULL OR polled_at < now() - interval '1 second');
+
 -- name: release_held
 -- With lock_workflow held: the oldest held runs of workflow $2 (project $1) with concurrency
 -- key value $4 become due again, as far as its cap $3 has room beside its invocations in flight.
@@ -388,16 +475,22 @@ RETURNING r.id;
 
 -- name: due_backlog
 -- Runs due now that no invocation has taken (a run out lease included), and how many seconds
--- the oldest has waited.
+-- the oldest has waited. Runs of pull apps, which wait for their workers, are not counted.
 SELECT count(*) AS n,
        coalesce(extract(epoch FROM now() - min(ready_at)), 0)::double precision AS oldest_s
-FROM runs WHERE ready_at <= now();
+FROM runs WHERE ready_at <= now() AND NOT pull;
 
 -- name: next_due_in
 -- Seconds until the next run comes due; without takeovers ($1 false), expired leases do not
--- count.
+-- count. Pull apps' runs are their workers' (past their deadline, the next claim ends them).
 SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
-WHERE ready_at IS NOT NULL AND ($1::boolean OR lease_token IS NULL);
+WHERE ready_at IS NOT NULL AND NOT pull AND ($1::boolean OR lease_token IS NULL);
+
+-- name: next_pull_due_in
+-- Seconds until the next run of pull app $1 comes due (negative when overdue), NULL when none
+-- will.
+SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
+WHERE ready_at IS NOT NULL AND pull AND app_id = $1;
 
 -- name: heartbeat
 -- Extends the leases ($1: [{id, token}]) still held by $2 seconds, never past a run's
@@ -412,7 +505,8 @@ WITH held AS (
 )
 UPDATE runs r
 SET ready_at = least(now() + make_interval(secs => $2::double precision), r.deadline_at)
-FROM held WHERE r.id = held.id;
+FROM held WHERE r.id = held.id
+RETURNING r.id, r.cancel_requested;
 
 -- name: begin_invocations
 -- For each claimed run ($1: [{run_id, token, invocation_id, attempt}]) whose lease the token
@@ -522,9 +616,12 @@ ORDER BY q.run_id, s.position;
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
--- holding the run's lease, and appends their history, in one statement. $1: [{run_id, token,
--- invocation_id, n_events, seq, digest}], $2: changes and $3: events, each with run_id and
--- ord (1-based, per run), $4: callbacks to create [{run_id, id, step_name, timeout_ms}]. A run
+-- holding the run's lease, and appends their history and log lines, in one statement. $1:
+-- [{run_id, token, invocation_id, n_events, seq, digest, logs_dropped}], $2: changes and $3:
+-- events, each with run_id and ord (1-based, per run), $4: callbacks to create [{run_id, id,
+-- step_name, timeout_ms}], $5: log lines [{run_id, ord, at, level, message, fields, step_name,
+-- size}], kept in order while the run's log has room ($6 lines, $7 bytes in all; once a line
+-- did not fit, none newer is kept) and counted as dropped past it. A run
 -- comes back with no row (nothing written: the caller must stop) when the token or the
 -- invocation is not the one holding the run, when the run is past its time limit, or when the
 -- call repeats an applied seq with another body (digest: a second execution of the
@@ -535,11 +632,12 @@ WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
             AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint,
-                 digest text)
+                 digest text, logs_dropped integer)
         WHERE jsonb_typeof(item) = 'object'
 ),
 held AS (
-    SELECT runs.id, runs.progress_at, runs.progress_seq, runs.progress_digest
+    SELECT runs.id, runs.progress_at, runs.progress_seq, runs.progress_digest, runs.log_lines,
+           runs.log_bytes, runs.logs_dropped
     FROM q JOIN runs ON runs.id = q.run_id
     WHERE runs.lease_token = q.token AND runs.invocation_id = q.invocation_id
       AND runs.status IN ('running', 'cancelling')
@@ -567,13 +665,38 @@ callbacks_in AS MATERIALIZED (
         AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
         WHERE jsonb_typeof(item) = 'object'
 ),
+logs_in AS MATERIALIZED (
+    SELECT x.* FROM jsonb_array_elements($5::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+        AS x(run_id uuid, ord integer, at timestamptz, level text, message text, fields jsonb,
+             step_name text, size integer)
+        WHERE jsonb_typeof(item) = 'object'
+),
+-- Each line's seq in the run's log and whether it fits (the run is locked: its counts hold).
+logs_fit AS MATERIALIZED (
+    SELECT l.*, h.log_lines + l.ord AS seq,
+           h.logs_dropped = 0 AND h.log_lines + l.ord <= $6::integer
+           AND h.log_bytes + sum(l.size) OVER (PARTITION BY l.run_id ORDER BY l.ord)
+               <= $7::bigint AS fits
+    FROM logs_in l JOIN held h ON h.id = l.run_id
+),
+logs_count AS (
+    SELECT run_id, count(*) FILTER (WHERE fits) AS kept,
+           coalesce(sum(size) FILTER (WHERE fits), 0) AS bytes,
+           count(*) FILTER (WHERE NOT fits) AS dropped
+    FROM logs_fit GROUP BY run_id
+),
 r AS (
     UPDATE runs
     SET next_seq = runs.next_seq + q.n_events,
         progress_at = now(),
         progress_seq = greatest(runs.progress_seq, q.seq),
-        progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END
+        progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END,
+        log_lines = runs.log_lines + coalesce(lc.kept, 0),
+        log_bytes = runs.log_bytes + coalesce(lc.bytes, 0),
+        logs_dropped = runs.logs_dropped + coalesce(lc.dropped, 0)
+                       + coalesce(q.logs_dropped, 0)
     FROM q JOIN held AS before ON before.id = q.run_id
+         LEFT JOIN logs_count lc ON lc.run_id = q.run_id
     WHERE runs.id = q.run_id AND (q.seq = 0 OR before.progress_seq < q.seq)
     RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
               runs.cancel_requested, q.invocation_id, before.progress_at AS since
@@ -624,6 +747,12 @@ e AS (
     SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, r.invocation_id,
            x.deployment_id, x.http_status, x.duration_ms, x.data
     FROM history_in x JOIN r ON r.id = x.run_id
+),
+lg AS (
+    INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)
+    SELECT r.id, l.seq, r.project_id, l.at, l.level, l.message, l.fields, l.step_name
+    FROM logs_fit l JOIN r ON r.id = l.run_id
+    WHERE l.fits
 )
 SELECT runs.id, runs.cancel_requested, runs.project_id, r.id IS NOT NULL AS applied
 FROM q
@@ -635,10 +764,10 @@ WHERE r.id IS NOT NULL
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
-                  options, deadline_at, ready_at, definition_version)
-SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'invoke', w.options,
+                  options, deadline_at, ready_at, definition_version, pull)
+SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
        now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-       now(), w.version
+       now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id)
 FROM workflows w WHERE w.project_id = $2 AND w.name = $3
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
@@ -786,6 +915,9 @@ WHERE run_id = $1
       SELECT min(position) FROM steps
       WHERE run_id = $1 AND status IN ('failed', 'cancelled', 'running', 'retrying')));
 
+-- name: run_trigger
+SELECT trigger FROM runs WHERE id = $1;
+
 -- name: step_result
 -- The JSON text of the result of run $1's step at position $4, for its invocation $2 holding
 -- lease $3 (the SDK fetches a large result by reference): no row when that invocation does not
@@ -819,7 +951,9 @@ SELECT generation, (SELECT count(*) FROM dropped) AS steps FROM r;
 SELECT position FROM steps WHERE run_id = $1 AND name = $2;
 
 -- name: restart_run
+-- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).
 UPDATE runs SET
+    trigger = coalesce($2::text, trigger),
     status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
     invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
     version = version + 1,
@@ -850,7 +984,7 @@ s AS (
 -- The run, locked: whether to lease it is judged on its latest version.
 k AS (
     SELECT runs.id, gen_random_uuid()::text AS token, gen_random_uuid() AS invocation_id,
-           runs.lease_token IS NULL AND $5::text IS NOT NULL
+           runs.lease_token IS NULL AND $5::text IS NOT NULL AND NOT runs.pull
            AND runs.options ->> 'concurrency' IS NULL AS take
     FROM runs JOIN c ON runs.id = c.run_id
     WHERE runs.status IN ('running', 'cancelling')
@@ -876,7 +1010,8 @@ r AS (
     RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, k.take AS claimed,
               runs.workflow, runs.input, runs.options, runs.cancel_requested,
               runs.deadline_at <= now() AS past_deadline, runs.lease_token,
-              runs.invocation_id, runs.invoke_attempts, runs.undelivered_since, runs.app_id
+              runs.invocation_id, runs.invoke_attempts, runs.undelivered_since, runs.app_id,
+              runs.pull
 ),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
@@ -884,7 +1019,7 @@ e AS (
     FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
                        (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
 )
-SELECT c.*, CASE WHEN $4::boolean THEN pg_notify('stepline_wake', '') END,
+SELECT c.*, CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END,
        coalesce(r.claimed, false) AS run_claimed, r.workflow AS run_workflow,
        r.input AS run_input, r.options AS run_options,
        r.cancel_requested AS run_cancel_requested,
@@ -924,8 +1059,8 @@ WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
 RETURNING s.name;
 
 -- name: delete_old_runs
--- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks and history
--- (each cascade goes through an index). Rows another sweeper is deleting are passed over.
+-- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks, history and
+-- log lines (each cascade goes through an index). Rows another sweeper is deleting are passed over.
 DELETE FROM runs WHERE id IN (
     SELECT id FROM runs
     WHERE ended_at < now() - make_interval(secs => $1::double precision)
@@ -1012,7 +1147,7 @@ r AS (
                         THEN now() ELSE ready_at END
     FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
     WHERE runs.id = w.run_id
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base, runs.pull
 ),
 history AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
@@ -1022,7 +1157,8 @@ history AS (
          (VALUES (0, 'event.received', jsonb_build_object('event', $3::text, 'eventId', $1::uuid::text)),
                  (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
 )
-SELECT id FROM r;
+-- A pull app's run wakes every orchestrator: their workers' polls claim it.
+SELECT id, CASE WHEN pull THEN pg_notify('stepline_wake', '') END FROM r;
 
 -- name: event_workflows
 -- The workflows of project $1 that every event named $2 starts a run of.

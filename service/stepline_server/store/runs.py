@@ -137,6 +137,13 @@ async def events(
     return list(await conn.fetch(Q["list_events"], run_id, project_id, after, limit))
 
 
+async def logs(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, after: int, limit: int
+) -> list[Record]:
+    """A run's log lines after ``seq`` ``after``, in the order the app wrote them."""
+    return list(await conn.fetch(Q["list_logs"], run_id, project_id, after, limit))
+
+
 async def invocations(
     conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, after: int, limit: int
 ) -> list[Record]:

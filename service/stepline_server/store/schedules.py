@@ -28,7 +28,7 @@ BUFFER_FULL = "buffer_full"  # buffer_one already held a tick
 SUPERSEDED = "superseded"  # the schedule changed (or paused) while the tick was buffered
 NO_WORKFLOW = "workflow_not_found"  # the workflow is no longer registered
 
-_FIELDS = ("cron", "timezone", "input", "overlap", "misfire", "disable_after")
+_FIELDS = ("cron", "timezone", "input", "overlap", "misfire", "disable_after", "sla_ms")
 
 
 class InvalidTransition(Exception):
@@ -58,6 +58,7 @@ class ScheduleDef:
     overlap: rules.OverlapPolicy = rules.OverlapPolicy.ALLOW
     misfire: rules.MisfirePolicy = rules.MisfirePolicy.FIRE_ONCE
     disable_after: int = rules.DEFAULT_DISABLE_AFTER
+    sla_ms: int | None = None  # the longest start lag its runs should have
 
 
 async def create(
@@ -78,7 +79,14 @@ async def create(
         source,
         rules.next_fire_after(d.cron, d.timezone, now),
         now,
+        d.sla_ms,
     )
+
+
+async def sla_of(conn: Conn, schedule_id: str) -> int | None:
+    """The SLA (ms) a schedule sets on its runs' start lag, None when none (or it is gone)."""
+    value: int | None = await conn.fetchval(Q["schedule_sla"], schedule_id)
+    return value
 
 
 async def get(conn: Conn, project_id: uuid.UUID, schedule_id: str) -> Record | None:
@@ -289,7 +297,8 @@ async def sync_code(
     conn: Conn, app: Record, declared: dict[str, ScheduleDef], now: datetime
 ) -> None:
     """Make the app's code schedules match what its workflows declare: create, change (only
-    when the declaration changed; status and disableAfter are kept) or delete them."""
+    when the declaration changed, the SLA included; status and disableAfter are kept) or
+    delete them."""
     pid = app["project_id"]
     async with conn.transaction():
         for name, d in declared.items():
@@ -303,6 +312,7 @@ async def sync_code(
                 "input": d.input,
                 "overlap": d.overlap.value,
                 "misfire": d.misfire.value,
+                "sla_ms": d.sla_ms,
             }
             changes = {k: v for k, v in wanted.items() if row[k] != v}
             if changes:
@@ -345,6 +355,7 @@ async def _rewrite(
         rules.next_fire_after(new["cron"], new["timezone"], cursor),
         last_tick,
         now,
+        new["sla_ms"],
     )
     assert updated is not None
     return updated

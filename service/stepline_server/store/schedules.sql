@@ -3,8 +3,8 @@
 
 -- name: insert_schedule
 INSERT INTO schedules (id, project_id, workflow, cron, timezone, input, overlap, misfire,
-                       disable_after, source, next_fire_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+                       disable_after, source, next_fire_at, created_at, updated_at, sla_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)
 ON CONFLICT DO NOTHING
 RETURNING *;
 
@@ -29,9 +29,12 @@ LIMIT $4;
 UPDATE schedules SET
     cron = $3, timezone = $4, input = $5, overlap = $6, misfire = $7, disable_after = $8,
     status = $9, consecutive_failures = $10, next_fire_at = $11, last_tick_at = $12,
-    buffered_tick_at = NULL, version = version + 1, updated_at = $13
+    buffered_tick_at = NULL, version = version + 1, updated_at = $13, sla_ms = $14
 WHERE project_id = $1 AND id = $2
 RETURNING *;
+
+-- name: schedule_sla
+SELECT sla_ms FROM schedules WHERE id = $1;
 
 -- name: delete_schedule
 DELETE FROM schedules WHERE project_id = $1 AND id = $2 RETURNING id;

@@ -57,15 +57,20 @@ CREATE TABLE apps (
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
     slug text NOT NULL UNIQUE,
     name text NOT NULL,
-    url text NOT NULL,
+    url text,
     signing_secrets text[] NOT NULL CHECK (cardinality(signing_secrets) >= 1),
     deployment_id text,
     synced_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (project_id, name)
+    kind text NOT NULL DEFAULT 'push' CHECK (kind IN ('push', 'pull')),
+    polled_at timestamptz,
+    UNIQUE (project_id, name),
+    CONSTRAINT apps_url_of_kind CHECK ((kind = 'push') = (url IS NOT NULL))
 );
 COMMENT ON COLUMN apps.signing_secrets IS 'Newest first: the first signs invocations.';
+COMMENT ON COLUMN apps.kind IS 'push: the orchestrator POSTs invocations to url; pull: workers poll for them (no url).';
+COMMENT ON COLUMN apps.polled_at IS 'When a worker of a pull app last polled for invocations.';
 
 CREATE TABLE workflows (
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -117,6 +122,10 @@ CREATE TABLE runs (
     concurrency_key text,
     singleton_key text,
     definition_version integer,
+    log_lines integer NOT NULL DEFAULT 0,
+    log_bytes bigint NOT NULL DEFAULT 0,
+    logs_dropped integer NOT NULL DEFAULT 0,
+    pull boolean NOT NULL DEFAULT false,
     generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
@@ -132,10 +141,16 @@ COMMENT ON COLUMN runs.undelivered_since IS 'When the first of the current run o
 COMMENT ON COLUMN runs.concurrency_key IS 'The value of the workflow''s concurrency key field in the input: the cap counts runs per value (NULL: the field is missing, or the workflow has no key).';
 COMMENT ON COLUMN runs.singleton_key IS 'The value of the workflow''s singleton key field in the input: at most one run per value is not ended.';
 COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its workflow when the run was started.';
+COMMENT ON COLUMN runs.log_lines IS 'Log lines kept (run_logs rows): the seq of the last one.';
+COMMENT ON COLUMN runs.log_bytes IS 'Size of the log lines kept (message and fields as JSON), counted against the cap.';
+COMMENT ON COLUMN runs.logs_dropped IS 'Log lines dropped past the cap (1,000 lines or 1 MiB a run); once one is dropped, no newer line is kept.';
+COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
-CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
+CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
+CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
 CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
@@ -215,6 +230,21 @@ CREATE TABLE run_events (
 );
 COMMENT ON TABLE run_events IS 'Append-only history of a run, in per-run seq order.';
 
+CREATE TABLE run_logs (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    project_id uuid NOT NULL,
+    at timestamptz NOT NULL,
+    level text NOT NULL CHECK (level IN ('debug', 'info', 'warning', 'error')),
+    message text NOT NULL,
+    fields jsonb,
+    step_name text,
+    PRIMARY KEY (run_id, seq)
+);
+COMMENT ON TABLE run_logs IS 'Log lines of a run in the order the app wrote them (seq from 1); deleted with the run.';
+COMMENT ON COLUMN run_logs.at IS 'When the app wrote the line (the app''s clock).';
+COMMENT ON COLUMN run_logs.step_name IS 'The step whose execution wrote the line; NULL for lines of the workflow code between steps.';
+
 CREATE TABLE schedules (
     id text PRIMARY KEY CHECK (id ~ '^wfs_[A-Za-z0-9]+$'),
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -234,8 +264,10 @@ CREATE TABLE schedules (
     last_tick_at timestamptz,
     buffered_tick_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    sla_ms bigint CHECK (sla_ms > 0)
 );
+COMMENT ON COLUMN schedules.sla_ms IS 'The longest start lag (first invocation minus scheduled time) its runs should have; NULL: none.';
 COMMENT ON COLUMN schedules.last_tick_at IS 'The tick cursor: ticks at or before it are never planned again (the newest planned tick, or the time of an edit or resume that restarted counting).';
 COMMENT ON COLUMN schedules.buffered_tick_at IS 'overlap buffer_one: the tick waiting for the active run to end.';
 CREATE UNIQUE INDEX schedules_code ON schedules (project_id, workflow) WHERE source = 'code';

@@ -156,7 +156,7 @@ async def retry(
     conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
 ) -> Record | None:
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
-    one (and before ``from_step``, if given)."""
+    one (and before ``from_step``, if given); its trigger becomes ``retry``."""
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:
@@ -169,7 +169,7 @@ async def retry(
                 raise rules.RuleError(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
-        return await dispatch.restart(conn, run_id, position, from_step)
+        return await dispatch.restart(conn, run_id, position, from_step, trigger="retry")
 
 
 async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:

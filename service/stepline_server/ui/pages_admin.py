@@ -37,6 +37,9 @@ async def sync_app(r: Req) -> Response:
         row = await apps.get(conn, r.pid, r.request.path_params["app"])
     if row is None:
         return r.back("/ui/apps", "There is no such app.")
+    if row["kind"] == "pull":
+        message = f"{row['name']} is a pull app: its workers sync it as they start."
+        return r.back("/ui/apps", message)
     try:
         done = await appsync.sync(r.orch, row)
     except appsync.SyncFailed as exc:

@@ -18,6 +18,7 @@ from stepline_server.ui import timeline
 from stepline_server.ui.web import Req
 
 PAGE = 50
+LOG_LINES = 1000  # a run keeps at most this many: the page shows them all
 STATUSES = [s.value for s in rules.RunStatus]
 
 
@@ -140,8 +141,15 @@ async def _run(r: Req) -> dict[str, Any] | None:
             return None
         run = await reads.run_json(conn, row, callback_url=reads.callback_url(r.orch))
         events = [serialize.event(e) for e in await runs.events(conn, r.pid, run_id, 0, 2000)]
+        lines = [serialize.log_line(x) for x in await runs.logs(conn, r.pid, run_id, 0, LOG_LINES)]
         children = [s["childRunId"] for s in run["steps"] if s.get("childRunId")]
+    step_logs: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        if line["stepName"]:
+            step_logs.setdefault(line["stepName"], []).append(line)
     return {
+        "logs": lines,
+        "step_logs": step_logs,
         "run": run,
         "ended": run["status"] in rules.ENDED,
         "events": events,

@@ -1,0 +1,95 @@
+"""``stepline worker MODULE:ATTR --app NAME``: run a pull app's worker from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from stepline._worker import Worker, WorkerError
+from stepline._workflow import Stepline
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stepline worker",
+        description="Run a pull app's workflows: sync the app, then poll the orchestrator for "
+        "its invocations (no inbound port).",
+    )
+    p.add_argument("target", metavar="MODULE:ATTR", help="the Stepline object, e.g. app:sl")
+    p.add_argument("--app", required=True, help="the pull app's name, id or slug")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("STEPLINE_URL", "http://127.0.0.1:8400"),
+        help="the orchestrator (STEPLINE_URL; default http://127.0.0.1:8400)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("STEPLINE_API_KEY"),
+        help="a write key of the app's environment (STEPLINE_API_KEY)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=10, help="invocations run at once (default 10)"
+    )
+    p.add_argument("--wait", type=float, default=30.0, help="seconds each poll waits (30)")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        help="on SIGINT or SIGTERM, seconds the invocations running may take to finish (30)",
+    )
+    return p
+
+
+def load(target: str) -> Stepline:
+    """The Stepline object ``MODULE:ATTR`` names (the current folder is on the import path)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"stepline worker: {target!r} is not MODULE:ATTR")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj = getattr(importlib.import_module(module_name), attr, None)
+    if not isinstance(obj, Stepline):
+        raise SystemExit(f"stepline worker: {target} is not a stepline.Stepline")
+    return obj
+
+
+async def _serve(worker: Worker) -> None:
+    task = asyncio.create_task(worker.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, worker.stop)  # what runs answers first
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await worker.aclose()
+        await worker.stepline.aclose()
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    if not a.api_key:
+        print("stepline worker: give an API key (--api-key or STEPLINE_API_KEY)", file=sys.stderr)
+        return 2
+    if a.concurrency < 1:
+        print("stepline worker: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    sl = load(a.target)
+    worker = Worker(
+        sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain
+    )
+    print(f"stepline worker: app {a.app}, polling {a.url}", file=sys.stderr, flush=True)
+    try:
+        asyncio.run(_serve(worker))
+    except WorkerError as exc:
+        print(f"stepline worker: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,132 @@
+"""Pull apps' invocations: a worker's poll claims its app's due runs and gets their invoke
+bodies; the worker's heartbeats keep the leases; its answer is recorded as the dispatcher
+records an app's HTTP answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from stepline.protocol import InvokeResponse
+from stepline_server.invoke.body import invoke_body
+from stepline_server.loops.dispatcher import Dispatcher
+from stepline_server.store import dispatch, pull
+from stepline_server.store.db import Conn, Pool, Record
+
+log = structlog.get_logger("stepline.pull")
+
+
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    """Wait until ``a`` or ``b`` is set, at most ``timeout`` seconds."""
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+class PullInvocations:
+    """What the pull routes ask of the run loop."""
+
+    def __init__(self, pool: Pool, dispatcher: Dispatcher) -> None:
+        self.pool = pool
+        self.dispatcher = dispatcher
+        self.settings = dispatcher.settings
+
+    async def poll(
+        self, app: Record, limit: int, wait: float, gone: asyncio.Event | None = None
+    ) -> list[dict[str, Any]]:
+        """The invoke bodies of up to ``limit`` due runs of pull app ``app``, each now leased
+        to the poll (its invocation begun); waits up to ``wait`` seconds for one to come due,
+        woken by the dispatcher's wake-ups. Empty when none came, or once ``gone`` is set (the
+        worker went away: a run claimed for it would wait out its lease)."""
+        app_id: uuid.UUID = app["id"]
+        give_up = time.monotonic() + wait
+        gone = gone or asyncio.Event()
+        async with self.pool.acquire() as conn:
+            await pull.polled(conn, app_id)
+        while not gone.is_set():
+            with self.dispatcher.pollers.watch(app_id) as woken:
+                async with self.pool.acquire() as conn:
+                    bodies = await self._claim(conn, app_id, limit)
+                    if bodies:
+                        return bodies
+                    due_in = await pull.next_due_in(conn, app_id)
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return []
+                timeout = min(left, self.settings.poll_seconds)
+                if due_in is not None:
+                    timeout = min(timeout, max(0.005, due_in))
+                await _first(woken, gone, timeout)
+        return []
+
+    async def _claim(self, conn: Conn, app_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
+        owner = self.dispatcher.owner
+        claimed = await pull.claim(conn, app_id, owner, self.settings.lease_seconds, limit)
+        if not claimed:
+            return []
+        self.dispatcher.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
+        overdue = [row for row in claimed if row["past_deadline"]]
+        for row in overdue:  # a capped run past its time limit: it ends, no worker runs it
+            await self.dispatcher.time_out(row)
+        begin = [row for row in claimed if not row["past_deadline"]]
+        steps = await dispatch.begin_invocations(
+            conn,
+            [
+                dispatch.Begin(
+                    row["id"], row["lease_token"], row["invocation_id"], row["invoke_attempts"] + 1
+                )
+                for row in begin
+            ],
+        )
+        bodies = []
+        for row in begin:
+            if row["id"] not in steps:
+                continue  # its claim went stale before it began
+            if await self.dispatcher.history_spent(row, steps[row["id"]]):
+                continue  # past the history limit: the run failed, no worker runs it
+            bodies.append(
+                invoke_body(
+                    row,
+                    steps[row["id"]],
+                    attempt=row["invoke_attempts"] + 1,
+                    api_url=self.settings.base_url,
+                    signer=self.dispatcher.signer,
+                )
+            )
+        log.info("pull_claimed", app_id=str(app_id), runs=len(bodies))
+        return bodies
+
+    async def answer(
+        self,
+        run_id: uuid.UUID,
+        lease: str,
+        invocation_id: uuid.UUID,
+        response: InvokeResponse,
+        duration_ms: int,
+    ) -> bool:
+        """Record a worker's answer for the invocation holding ``lease``; False when the
+        lease is no longer the run's (another invocation owns it, or it ended)."""
+        async with self.pool.acquire() as conn:
+            claim = await pull.leased(conn, run_id, lease)
+        if claim is None or claim["invocation_id"] != invocation_id:
+            return False
+        recorded = await self.dispatcher.answered(claim, response, None, duration_ms)
+        if (claim["options"] or {}).get("concurrency"):
+            await self.dispatcher.release_held(claim)
+        # Something may have woken the run while it ran (it is due again at once).
+        self.dispatcher.pollers.wake(claim["app_id"])
+        return recorded
+
+    async def beat(self, run_id: uuid.UUID, lease: str) -> bool | None:
+        """Extend a worker's lease on its invocation; whether the run's cancellation was
+        requested, None when the lease is lost."""
+        async with self.pool.acquire() as conn:
+            held = await dispatch.heartbeat(conn, [(run_id, lease)], self.settings.lease_seconds)
+        return held.get(run_id)

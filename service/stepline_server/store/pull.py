@@ -1,0 +1,42 @@
+"""Pull apps' runs: what a worker's poll claims, and the lease its answer is recorded under."""
+
+from __future__ import annotations
+
+import uuid
+
+from stepline_server.store.db import Conn, Q, Record
+from stepline_server.store.dispatch import Capped, claim_capped
+
+
+async def claim(
+    conn: Conn, app_id: uuid.UUID, owner: str, lease_seconds: float, limit: int
+) -> list[Record]:
+    """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` (a poll), as the
+    dispatcher's claim leases push apps' runs; runs of a capped workflow under its cap's lock."""
+    claimed = list(await conn.fetch(Q["claim_pull"], limit, app_id, owner, lease_seconds))
+    room = limit - len(claimed)
+    if room > 0:
+        for wf in await conn.fetch(Q["due_capped_pull_workflows"], app_id):
+            capped = Capped(wf["project_id"], wf["workflow"], wf["concurrency_key"], wf["cap"])
+            got = await claim_capped(conn, capped, owner, lease_seconds, room)
+            claimed += got
+            room -= len(got)
+            if room <= 0:
+                break
+    return claimed
+
+
+async def next_due_in(conn: Conn, app_id: uuid.UUID) -> float | None:
+    """Seconds until a run of pull app ``app_id`` comes due (negative: overdue); None: none."""
+    value = await conn.fetchval(Q["next_pull_due_in"], app_id)
+    return float(value) if value is not None else None
+
+
+async def leased(conn: Conn, run_id: uuid.UUID, token: str) -> Record | None:
+    """Run ``run_id`` of a pull app while lease ``token`` holds it, else None."""
+    return await conn.fetchrow(Q["pull_lease"], run_id, token)
+
+
+async def polled(conn: Conn, app_id: uuid.UUID) -> None:
+    """A worker of the app polled now."""
+    await conn.execute(Q["app_polled"], app_id)
