@@ -99,7 +99,7 @@ def test_callback_and_child_ids_count_the_generation(run_uuid: uuid.UUID) -> Non
     ids = {
         g: (plan.callbacks[0][0], plan.children[0].id)
         for g in (1, 2, 3)
-        if (plan := plan_updates(run_id, updates, g))
+        if (plan := plan_updates(run_id, updates, generation=g))
     }
     assert ids[1] == (
         plan_updates(run_id, updates).callbacks[0][0],
