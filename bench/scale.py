@@ -96,7 +96,7 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
 
 # Each statement of the run loop's claim and begin, with arguments of a typical call.
 _PLANNED: dict[str, tuple[Any, ...]] = {
-    "claim_due": (64, "explain", 20.0, 0.05, True),
+    "claim_due": (64, "explain", 20.0, 0.05, True, "{}"),
     "next_due_in": (True,),
     "due_backlog": (),
     "begin_invocations": ("[]", 0.05, 262144),

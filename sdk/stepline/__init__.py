@@ -17,7 +17,7 @@ from stepline._errors import (
     TerminalError,
 )
 from stepline._worker import Worker
-from stepline._workflow import Concurrency, Retries, Stepline, __version__
+from stepline._workflow import Concurrency, RateLimit, Retries, Stepline, __version__
 
 __all__ = [
     "ApiError",
@@ -30,6 +30,7 @@ __all__ = [
     "Concurrency",
     "Context",
     "NondeterminismError",
+    "RateLimit",
     "Retries",
     "RetryableError",
     "StepFailed",

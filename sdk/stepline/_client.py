@@ -244,9 +244,21 @@ class _Api(Generic[_D, _N, _I]):
 
     # runs
 
-    def start_run(self, workflow: str, input: Any = None, *, run_key: str | None = None) -> _D:
-        """Start a run (or get the existing one of ``run_key`` when workflow and input match)."""
-        body = {"workflow": workflow, "input": input, **_compact(runKey=run_key)}
+    def start_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_key: str | None = None,
+        priority: int | None = None,
+    ) -> _D:
+        """Start a run (or get the existing one of ``run_key`` when workflow and input match).
+        ``priority`` (-100 to 100, default 0): among due runs of the workflow, higher first."""
+        body = {
+            "workflow": workflow,
+            "input": input,
+            **_compact(runKey=run_key, priority=priority),
+        }
         return self._json(_Request("POST", _path("runs"), body=body))
 
     def get_run(self, run_id: str) -> _D:

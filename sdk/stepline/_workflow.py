@@ -75,6 +75,31 @@ class Concurrency:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` runs of a workflow start (are invoked for the first time) in any
+    window of ``period`` (a sliding window); with ``key`` (an input field), at most ``limit``
+    per value of that field. The runs beyond it wait their turn; none is dropped."""
+
+    limit: int
+    period: Duration = "1m"
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise TypeError("RateLimit.limit must be an int")
+        if self.limit < 1:
+            raise ValueError("RateLimit.limit must be at least 1")
+        if to_ms(self.period) < 1:
+            raise ValueError("RateLimit.period must be a duration of at least 1 ms")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise ValueError("RateLimit.key must be the name of an input field")
+
+    def spec(self) -> protocol.RateLimitSpec:
+        """As the wire protocol describes it."""
+        return protocol.RateLimitSpec(limit=self.limit, periodMs=to_ms(self.period), key=self.key)
+
+
+@dataclass(frozen=True)
 class WorkflowDef:
     """A registered workflow: its function and options."""
 
@@ -89,6 +114,7 @@ class WorkflowDef:
     on_event: str | None = None
     concurrency_key: str | None = None
     singleton_key: str | None = None
+    rate_limit: RateLimit | None = None
 
     def info(self) -> protocol.WorkflowInfo:
         """As ``describe`` reports it."""
@@ -104,6 +130,7 @@ class WorkflowDef:
             onEvent=self.on_event,
             concurrencyKey=self.concurrency_key,
             singletonKey=self.singleton_key,
+            rateLimit=self.rate_limit.spec() if self.rate_limit else None,
         )
 
 
@@ -162,6 +189,7 @@ class Stepline:
         delivery_window: Duration | None = None,
         on_event: str | None = None,
         singleton_key: str | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, input)`` as the workflow ``name``.
 
@@ -173,9 +201,11 @@ class Stepline:
         ``Concurrency(limit=N, key="userId")``: at most N runs per value of that input field.
         ``on_event``: every event of that name starts a run, with the event's data as input.
         ``singleton_key``: while a run with that input field's value has not ended, starting
-        another answers the existing run. An ``input`` parameter annotated with a pydantic
-        model receives that model (and inputs are checked against its schema before a run is
-        made); a return annotation with a model is dumped to JSON.
+        another answers the existing run. ``rate_limit``: ``RateLimit(limit=N, period="1m")``
+        lets at most N runs start in any window of that length (per value of its ``key``
+        field, when given); the others wait their turn. An ``input`` parameter annotated with
+        a pydantic model receives that model (and inputs are checked against its schema before
+        a run is made); a return annotation with a model is dumped to JSON.
         """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
@@ -186,6 +216,10 @@ class Stepline:
         concurrency_key = concurrency.key if isinstance(concurrency, Concurrency) else None
         if limit is not None and limit < 1:
             raise ValueError("concurrency must be at least 1")
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise TypeError("rate_limit must be a stepline.RateLimit")
+        if rate_limit is not None and limit is not None:
+            raise ValueError("a workflow takes concurrency or rate_limit, not both")
         timeout_ms = None if timeout is None else to_ms(timeout)
         window_ms = None if delivery_window is None else to_ms(delivery_window)
         spec = _schedule(schedule)
@@ -209,6 +243,7 @@ class Stepline:
                 on_event=on_event,
                 concurrency_key=concurrency_key,
                 singleton_key=singleton_key,
+                rate_limit=rate_limit,
             )
             return fn
 

@@ -173,6 +173,15 @@ class ScheduleSpec(_Model):
     sla_ms: int | None = Field(default=None, alias="slaMs", gt=0, le=366 * 86_400_000)
 
 
+class RateLimitSpec(_Model):
+    """A workflow's rate limit: at most ``limit`` runs start in any window of ``periodMs``
+    milliseconds, per value of the input field ``key`` when given."""
+
+    limit: int = Field(ge=1)
+    period_ms: int = Field(alias="periodMs", ge=1)
+    key: str | None = Field(default=None, min_length=1)
+
+
 class WorkflowInfo(_Model):
     """A workflow as the app describes it."""
 
@@ -192,6 +201,8 @@ class WorkflowInfo(_Model):
     concurrency_key: str | None = Field(default=None, alias="concurrencyKey", min_length=1)
     # While a run with this input field's value has not ended, starting another answers it.
     singleton_key: str | None = Field(default=None, alias="singletonKey", min_length=1)
+    # At most so many runs start in any window of the period (per key value).
+    rate_limit: RateLimitSpec | None = Field(default=None, alias="rateLimit")
 
 
 class DescribeResponse(_Model):

@@ -47,6 +47,11 @@ async def register(o: Orchestrator, row: Record, described: DescribeResponse) ->
     for wf in described.workflows:
         if not _NAME.fullmatch(wf.name):
             raise SyncFailed(f"the app described a workflow with an invalid name {wf.name[:64]!r}")
+        if wf.rate_limit is not None and wf.concurrency is not None:
+            raise SyncFailed(
+                f"workflow {wf.name!r} declares both a concurrency cap and a rate limit;"
+                " a workflow takes one of them"
+            )
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
         workflows.append((wf.name, options))
     async with o.pool.acquire() as conn, conn.transaction():

@@ -273,8 +273,9 @@ async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: En
 
 
 async def test_pages_read_without_javascript(env: Env) -> None:
-    """With JavaScript off, signing in, the runs list and a run's page all work."""
-    run = await env.client.start_run("onboard", {"user": "nojs"})
+    """With JavaScript off, signing in, the runs list and a run's page (with its priority) all
+    work."""
+    run = await env.client.start_run("onboard", {"user": "nojs"}, priority=7)
     await env.client.wait_run(run["id"], timeout=20)
     context = await env.browser.new_context(java_script_enabled=False)
     page = await context.new_page()
@@ -286,6 +287,7 @@ async def test_pages_read_without_javascript(env: Env) -> None:
         await page.wait_for_url(f"**/ui/{name}")
     await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
     assert await page.inner_text("#run-status") == "completed"
+    assert "Priority\n7" in await page.inner_text(".facts")
     await context.close()
 
 

@@ -383,3 +383,23 @@ async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their
         assert untouched == "sleeping"
     finally:
         await conn.close()
+
+
+async def test_a_run_this_orchestrator_is_invoking_is_not_taken_again(database_url: str) -> None:
+    """A lease that ran out (its beat came late) of a run the orchestrator is still invoking is
+    left alone by that orchestrator's claim, so the run never has two invocations from it; a
+    claim that does not hold it takes it over."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(conn, app, [("wf", {})], None)
+        await runs.insert(conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", None))
+        [first] = await dispatch.claim(conn, "here", 0, 10)  # a lease that is over at once
+        again = await dispatch.claim(conn, "here", 60, 10, holding=[first["id"]])
+        assert again == []
+        [other] = await dispatch.claim(conn, "there", 60, 10)
+        assert other["id"] == first["id"] and other["taken_over"]
+        assert other["lease_token"] != first["lease_token"]
+    finally:
+        await conn.close()

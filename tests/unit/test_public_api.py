@@ -8,8 +8,9 @@ import stepline
 
 EXPECTED = {
     "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "Retries",
-    "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError", "Worker",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "RateLimit",
+    "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
+    "Worker",
     "__version__", "parse_duration", "protocol",
 }  # fmt: skip
 

@@ -61,6 +61,47 @@ def test_retries_validation() -> None:
         stepline.Retries(initial_delay="soon")
 
 
+def test_a_rate_limit_reaches_describe() -> None:
+    """RateLimit(limit, period, key) is described with its period in milliseconds; a workflow
+    without one describes none."""
+    sl = stepline.Stepline("s")
+    sl.workflow("a", rate_limit=stepline.RateLimit(limit=10, period="1m30s", key="userId"))(noop)
+    sl.workflow("b", rate_limit=stepline.RateLimit(2))(noop)
+    sl.workflow("c")(noop)
+    a, b, c = sl.describe().workflows
+    dumped = a.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["rateLimit"] == {"limit": 10, "periodMs": 90_000, "key": "userId"}
+    assert b.rate_limit is not None and (b.rate_limit.limit, b.rate_limit.period_ms) == (2, 60_000)
+    assert c.rate_limit is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"limit": 0}, ValueError),
+        ({"limit": -3}, ValueError),
+        ({"limit": 1.5}, TypeError),
+        ({"limit": True}, TypeError),
+        ({"limit": 1, "period": 0}, ValueError),
+        ({"limit": 1, "period": "-1s"}, ValueError),
+        ({"limit": 1, "period": "soon"}, ValueError),
+        ({"limit": 1, "key": ""}, ValueError),
+    ],
+)
+def test_rate_limit_validation(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    """A rate limit needs a limit of at least 1 and a period that is a duration over zero."""
+    with pytest.raises(error):
+        stepline.RateLimit(**kwargs)
+
+
+def test_a_workflow_takes_concurrency_or_a_rate_limit_not_both() -> None:
+    """Both on one workflow is refused when it is declared."""
+    with pytest.raises(ValueError, match="not both"):
+        stepline.Stepline("s").workflow("a", concurrency=1, rate_limit=stepline.RateLimit(limit=1))(
+            noop
+        )
+
+
 def test_signing_secrets_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """STEPLINE_SIGNING_SECRET is read when no secret is given, comma separated."""
     monkeypatch.setenv("STEPLINE_SIGNING_SECRET", "new, old,")

@@ -38,6 +38,7 @@ class RunStart(BaseModel):
     workflow: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     input: Any = None
     run_key: str | None = Field(default=None, alias="runKey", pattern=r"^[A-Za-z0-9._:-]{1,128}$")
+    priority: int = Field(default=0, ge=rules.MIN_PRIORITY, le=rules.MAX_PRIORITY, strict=True)
 
 
 class RunRetry(BaseModel):
@@ -54,6 +55,7 @@ async def start_run(request: Request) -> Response:
         workflow=body.workflow,
         input=body.input,
         run_key=body.run_key,
+        priority=body.priority,
     )
     # This orchestrator's dispatcher takes the run at once (created leased to it, when it has
     # room); the others hear of it only when it has none.

@@ -134,7 +134,9 @@ def _progress(run: dict[str, Any]) -> str:
 
 
 def runs_start(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    run = c.start_run(a.workflow, _json_arg(a.input, "--input"), run_key=a.run_key)
+    run = c.start_run(
+        a.workflow, _json_arg(a.input, "--input"), run_key=a.run_key, priority=a.priority
+    )
     if a.wait:
         err.write(f"run {run['id']} started; waiting for it to end (Ctrl-C stops waiting)\n")
         shown = ""
@@ -329,6 +331,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("workflow")
     p.add_argument("--input", help="the input, as JSON")
     p.add_argument("--run-key", help="an idempotency key for the run")
+    p.add_argument("--priority", type=int, help="-100 to 100 (default 0): due runs go higher first")
     p.add_argument("--wait", action="store_true", help="print the run once it has ended")
     p.add_argument("--timeout", type=float, help="with --wait: stop waiting after this many s")
     p = leaf(runs, "cancel", runs_cancel, "request a run's cancellation")

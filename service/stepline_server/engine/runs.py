@@ -24,6 +24,8 @@ ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # a run's priority: among due runs, higher goes first
+
 END_EVENT = {
     RunStatus.COMPLETED: "run.completed",
     RunStatus.FAILED: "run.failed",
@@ -45,6 +47,12 @@ def check_cancel(status: str) -> bool:
     if status in ENDED:
         raise RuleError(f"the run has already ended ({status}); it cannot be cancelled")
     return status == RunStatus.RUNNING
+
+
+def cancels_at_once(started_at: datetime | None, lease_token: str | None) -> bool:
+    """Whether a cancel request ends the run at once: it was never invoked (it waits for a rate
+    limit's window, a concurrency slot or a dispatcher), so no cleanup step can run."""
+    return started_at is None and lease_token is None
 
 
 def check_retry(status: str) -> None:

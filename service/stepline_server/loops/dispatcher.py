@@ -173,6 +173,7 @@ class Dispatcher:
                     free,
                     self.settings.timer_lead_seconds,
                     takeovers=self._takeovers(),
+                    holding=list(self._inflight),
                 )
                 if claimed:
                     self.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
@@ -349,7 +350,8 @@ class Dispatcher:
         except Exception:
             log.exception("invocation_crashed")
         finally:
-            self._inflight.pop(run_id, None)
+            if self._inflight.get(run_id) == claim["lease_token"]:
+                self._inflight.pop(run_id, None)
             self._timers.pop(run_id, None)
             if (claim["options"] or {}).get("concurrency"):
                 await self._release_held(claim)

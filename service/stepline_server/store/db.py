@@ -68,7 +68,10 @@ async def init_connection(conn: Conn) -> None:
 # all, so each new connection re-plans the big statements (about a millisecond each) and a
 # statement whose values look different can be re-planned for good. The store's statements are
 # written for one plan: look-ups by key, and small batches unnested from their parameters.
-SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+# JIT compilation is off: a generic plan's cost is estimated for any parameter values, often
+# past PostgreSQL's JIT threshold, and compiling a claim that reads a few index entries took
+# hundreds of milliseconds where running it takes one.
+SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "jit": "off"}
 
 
 # The schema's enums, read and written as text. Registering them up front spares each new

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine import logs as run_logs
+from stepline_server.engine import rates
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import Plan
 from stepline_server.store import history, runs, schedules
@@ -22,22 +25,91 @@ async def claim(
     lead: float = 0.0,
     *,
     takeovers: bool = True,
+    holding: Sequence[uuid.UUID] = (),
 ) -> list[Record]:
-    """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator; each row's
-    ``due_in`` says in how many seconds it is due. Runs of a workflow with a concurrency cap
-    are claimed one workflow at a time under its lock (:func:`claim_capped`). Without
-    ``takeovers``, runs whose lease expired are left to their holders."""
-    claimed = list(await conn.fetch(Q["claim_due"], limit, owner, lease_seconds, lead, takeovers))
+    """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator, higher
+    priority first; each row's ``due_in`` says in how many seconds it is due. Runs of a workflow
+    with a concurrency cap are claimed one workflow at a time under its lock
+    (:func:`claim_capped`), and runs of a workflow with a rate limit that have not started yet
+    one rate key value at a time under its lock (:func:`claim_rate_limited`). Without
+    ``takeovers``, runs whose lease expired are left to their holders. ``holding``: the runs this
+    orchestrator is invoking now, never taken again while it does (a beat that came late
+    let their leases run out, but their invocations are alive)."""
+    claimed = list(
+        await conn.fetch(
+            Q["claim_due"], limit, owner, lease_seconds, lead, takeovers, list(holding)
+        )
+    )
     room = limit - len(claimed)
     if room > 0:
-        for wf in await conn.fetch(Q["due_capped_workflows"]):
-            capped = Capped(wf["project_id"], wf["workflow"], wf["concurrency_key"], wf["cap"])
-            got = await claim_capped(conn, capped, owner, lease_seconds, room, takeovers)
-            claimed += got
-            room -= len(got)
-            if room <= 0:
-                break
+        groups = await conn.fetch(Q["due_gated_groups"])
+        claimed += await claim_gated(conn, groups, owner, lease_seconds, room, takeovers)
     return claimed
+
+
+async def claim_gated(
+    conn: Conn,
+    groups: list[Record],
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    takeovers: bool = True,
+) -> list[Record]:
+    """Lease up to ``limit`` runs of the gated ``groups`` (rows of ``due_gated_groups``): a
+    capped group under its cap's lock, a rate-limited one under its limit's."""
+    claimed: list[Record] = []
+    for group in groups:
+        room = limit - len(claimed)
+        if room <= 0:
+            break
+        pid, workflow, key = group["project_id"], group["workflow"], group["key"]
+        if group["kind"] == "capped":
+            capped = Capped(pid, workflow, key, group["cap"])
+            claimed += await claim_capped(conn, capped, owner, lease_seconds, room, takeovers)
+        else:
+            period = timedelta(milliseconds=group["period_ms"])
+            limited = RateLimited(pid, workflow, key, rates.RateLimit(group["cap"], period))
+            claimed += await claim_rate_limited(conn, limited, owner, lease_seconds, room)
+    return claimed
+
+
+@dataclass(frozen=True)
+class RateLimited:
+    """The runs one rate limit counts: a workflow's, or those of one value of its rate limit
+    key (None: the field is missing, or the limit has no key)."""
+
+    project_id: uuid.UUID
+    workflow: str
+    key: str | None
+    rate: rates.RateLimit
+
+
+async def claim_rate_limited(
+    conn: Conn, limited: RateLimited, owner: str, lease_seconds: float, limit: int
+) -> list[Record]:
+    """Lease up to ``limit`` of a rate-limited workflow's due runs that have not started yet (of
+    one key value), higher priority first, as far as its window has room; the others come due
+    when the window lets them start (:func:`stepline_server.engine.rates.start_times`), so no
+    dispatcher looks at them before. The window is read and the leases taken under the limit's
+    lock, so two orchestrators never both see the same room."""
+    group = (limited.project_id, limited.workflow, limited.key)
+    async with conn.transaction():
+        await conn.execute(Q["lock_rate"], *group)
+        period_ms = limited.rate.period.total_seconds() * 1000
+        window = await conn.fetchrow(Q["rate_window"], *group, period_ms)
+        assert window is not None
+        now = window["now"]
+        times = rates.start_times(limited.rate, window["starts"], now, window["waiting"])
+        take = min(limit, rates.room(times, now))
+        claimed = (
+            list(await conn.fetch(Q["claim_rate_limited"], *group, take, owner, lease_seconds))
+            if take > 0
+            else []
+        )
+        later = times[len(claimed) :]
+        if any(t > now for t in later):
+            await conn.execute(Q["defer_rate_limited"], *group, later)
+        return claimed
 
 
 @dataclass(frozen=True)

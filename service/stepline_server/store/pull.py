@@ -5,24 +5,20 @@ from __future__ import annotations
 import uuid
 
 from stepline_server.store.db import Conn, Q, Record
-from stepline_server.store.dispatch import Capped, claim_capped
+from stepline_server.store.dispatch import claim_gated
 
 
 async def claim(
     conn: Conn, app_id: uuid.UUID, owner: str, lease_seconds: float, limit: int
 ) -> list[Record]:
     """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` (a poll), as the
-    dispatcher's claim leases push apps' runs; runs of a capped workflow under its cap's lock."""
+    dispatcher's claim leases push apps' runs; runs of a capped or rate-limited workflow under its
+    gate's lock."""
     claimed = list(await conn.fetch(Q["claim_pull"], limit, app_id, owner, lease_seconds))
     room = limit - len(claimed)
     if room > 0:
-        for wf in await conn.fetch(Q["due_capped_pull_workflows"], app_id):
-            capped = Capped(wf["project_id"], wf["workflow"], wf["concurrency_key"], wf["cap"])
-            got = await claim_capped(conn, capped, owner, lease_seconds, room)
-            claimed += got
-            room -= len(got)
-            if room <= 0:
-                break
+        groups = await conn.fetch(Q["due_gated_pull_groups"], app_id)
+        claimed += await claim_gated(conn, groups, owner, lease_seconds, room)
     return claimed
 
 

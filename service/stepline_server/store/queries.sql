@@ -136,17 +136,18 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
 -- the workflow is not registered or the id, the run key or an active run of its singleton key
--- exists ($15: the event that started it; the input's concurrency and singleton key fields are
--- read as the workflow's options name them). When $13 (an orchestrator)
--- is given and the workflow has no concurrency cap, the run is created leased to it for $14
+-- exists ($15: the event that started it; $16: its priority; the input's concurrency, singleton
+-- and rate limit key fields are read as the workflow's options name them). When $13 (an
+-- orchestrator) is given and the workflow has neither a concurrency cap nor a rate limit, the
+-- run is created leased to it for $14
 -- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
 -- and the row carries what the invocation needs. A run of a pull app is never created leased,
 -- and always wakes every orchestrator (their workers' polls claim it).
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
            a.kind = 'pull' AS pull,
-           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL AND a.kind = 'push'
-               AS leased
+           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL
+               AND w.options -> 'rateLimit' IS NULL AND a.kind = 'push' AS leased
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
@@ -155,7 +156,7 @@ r AS (
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
                       progress_at, event_id, concurrency_key, singleton_key,
-                      definition_version, pull)
+                      definition_version, pull, priority, rate_key)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -175,7 +176,9 @@ r AS (
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
-           w.version, w.pull
+           w.version, w.pull, $16::smallint,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -259,31 +262,58 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
     deployment_id, http_status, duration_ms, data, ord);
 
 -- name: claim_due
--- Takes up to $1 due runs, and leases each to one invocation: the run's ready_at moves to the
--- end of the lease (or its deadline, if sooner), so a crashed orchestrator's run comes due
--- again, and a run past its time limit is claimed to be ended. A run is due when its ready_at
--- has come, or comes within $4 seconds for a sleep of it that ends then (due_in says in how
--- many seconds; 0: now). Runs of a workflow with a concurrency cap are left to claim_capped,
--- unless past their deadline. Without takeovers ($5 false), a run whose lease expired is left
--- to its holder (the dispatcher asks so just after the database was away). taken_over: the run still had a lease, run out (its
--- orchestrator died or stalled). Runs of pull apps are left to their workers' polls
--- (claim_pull), but claimed here once past their deadline, to be ended.
-WITH push_due AS (
-    SELECT id, ready_at, lease_token AS old_token
-    FROM runs
-    WHERE ready_at <= now() + make_interval(secs => $4::double precision) AND NOT pull
-      AND (options ->> 'concurrency' IS NULL OR deadline_at <= now())
-      AND ($5::boolean OR lease_token IS NULL)
-      AND (ready_at <= now()
-           OR EXISTS (SELECT 1 FROM steps s
-                      WHERE s.run_id = runs.id AND s.status = 'sleeping'
-                        AND s.wake_at <= now() + make_interval(secs => $4::double precision)))
-    ORDER BY ready_at
+-- Takes up to $1 due runs, higher priority first, then the longest due, and leases each to one
+-- invocation: the run's ready_at moves to the end of the lease (or its deadline, if sooner), so
+-- a crashed orchestrator's run comes due again, and a run past its time limit is claimed to be
+-- ended. A run is due when its ready_at has come, or comes within $4 seconds for a sleep of it
+-- that ends then (due_in says in how many seconds; 0: now). Runs of a workflow with a
+-- concurrency cap are left to claim_capped, and runs of a workflow with a rate limit not yet
+-- started to claim_rate_limited, unless past their deadline (or, not started, cancelled).
+-- Without takeovers ($5 false), a run whose lease expired is left to its holder (the dispatcher
+-- asks so just after the database was away). taken_over: the run still had a lease, run out
+-- (its orchestrator died or stalled). Runs of pull apps are left to their workers' polls
+-- (claim_pull), but claimed here once past their deadline, to be ended. The runs in $6 are
+-- being invoked by this orchestrator: never taken again while they are.
+-- The priorities present are walked one index probe each (levels; nearly always one), and each
+-- level's due runs are read in ready_at order from runs_ready_priority: the claim reads what it
+-- takes, however many runs wait for a later time. The runs taken are updated through the
+-- primary key (id = ANY), so no estimate of how many there are can make a plan read the table.
+WITH RECURSIVE levels AS (
+    (SELECT priority FROM runs WHERE ready_at IS NOT NULL AND NOT pull
+     ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.priority FROM runs r
+            WHERE r.ready_at IS NOT NULL AND NOT r.pull AND r.priority < l.priority
+            ORDER BY r.priority DESC LIMIT 1)
+    FROM levels l WHERE l.priority IS NOT NULL
+),
+push_due AS (
+    SELECT c.* FROM levels l CROSS JOIN LATERAL (
+        SELECT id, priority, ready_at, lease_token AS old_token
+        FROM runs
+        WHERE priority = l.priority AND NOT pull
+          AND ready_at <= now() + make_interval(secs => $4::double precision)
+          AND NOT (id = ANY ($6::uuid[]))
+          AND (NOT options ? 'concurrency' OR deadline_at <= now())
+          AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
+               OR deadline_at <= now())
+          AND ($5::boolean OR lease_token IS NULL)
+          -- (A scalar subquery, read by the run's key: an EXISTS here may be planned as a
+          -- hash of every sleeping step.)
+          AND (ready_at <= now()
+               OR (SELECT min(s.wake_at) FROM steps s
+                   WHERE s.run_id = runs.id AND s.status = 'sleeping')
+                  <= now() + make_interval(secs => $4::double precision))
+        ORDER BY ready_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE l.priority IS NOT NULL
+    ORDER BY c.priority DESC, c.ready_at
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
 ),
 pull_overdue AS (
-    SELECT id, ready_at, lease_token AS old_token
+    SELECT id, priority, ready_at, lease_token AS old_token
     FROM runs
     WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
       AND ($5::boolean OR lease_token IS NULL)
@@ -292,48 +322,76 @@ pull_overdue AS (
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT * FROM (SELECT * FROM push_due UNION ALL SELECT * FROM pull_overdue) d LIMIT $1
+    SELECT * FROM (SELECT * FROM push_due UNION ALL SELECT * FROM pull_overdue) d
+    ORDER BY priority DESC, ready_at
+    LIMIT $1
+),
+claimed AS (
+    UPDATE runs r
+    SET lease_token = gen_random_uuid()::text,
+        invocation_id = gen_random_uuid(),
+        lease_owner = $2,
+        ready_at = least(now() + make_interval(secs => $3::double precision), r.deadline_at),
+        claimed_wake_seq = r.wake_seq,
+        progress_at = now(),
+        progress_seq = 0,
+        progress_digest = NULL,
+        held = false,
+        started_at = coalesce(r.started_at, now())
+    WHERE r.id = ANY (ARRAY(SELECT id FROM due))
+    RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+              r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+              r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since,
+              r.wake_seq, r.concurrency_key, r.generation, r.created_at,
+              (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+              (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets
 )
-UPDATE runs r
-SET lease_token = gen_random_uuid()::text,
-    invocation_id = gen_random_uuid(),
-    lease_owner = $2,
-    ready_at = least(now() + make_interval(secs => $3::double precision), r.deadline_at),
-    claimed_wake_seq = r.wake_seq,
-    progress_at = now(),
-    progress_seq = 0,
-    progress_digest = NULL,
-    held = false,
-    started_at = coalesce(r.started_at, now())
-FROM due
-WHERE r.id = due.id
-RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
-          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, r.generation,
-          greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
-          due.old_token IS NOT NULL AS taken_over, r.created_at,
-          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
-          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+SELECT claimed.*,
+       greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
+       due.old_token IS NOT NULL AS taken_over
+FROM claimed JOIN due ON due.id = claimed.id
+ORDER BY due.priority DESC, due.ready_at;
 
--- name: due_capped_workflows
--- The workflows with a concurrency cap that have runs due now (not held, not past their
--- deadline), by concurrency key value, with the cap their runs were started under. Pull apps'
--- runs are left to due_capped_pull_workflows.
-SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
+-- name: due_gated_groups
+-- The runs of push apps due now (not past their deadline) that claim_due leaves to a gate, by
+-- group: of a workflow with a concurrency cap, not held, by concurrency key value, with the
+-- cap their runs were started under (kind capped: claim_capped); of a workflow with a rate
+-- limit, not yet started nor cancelled, by rate key value, with the tightest limit and the
+-- longest period their runs were started under (kind rate: claim_rate_limited).
+SELECT 'capped' AS kind, project_id, workflow, concurrency_key AS key,
+       min((options ->> 'concurrency')::integer) AS cap, NULL::bigint AS period_ms
 FROM runs
 WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL AND NOT pull
   AND (deadline_at IS NULL OR deadline_at > now())
-GROUP BY project_id, workflow, concurrency_key;
+GROUP BY project_id, workflow, concurrency_key
+UNION ALL
+SELECT 'rate', project_id, workflow, rate_key,
+       min((options -> 'rateLimit' ->> 'limit')::integer),
+       max((options -> 'rateLimit' ->> 'periodMs')::bigint)
+FROM runs
+WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested AND NOT pull
+  AND options -> 'rateLimit' IS NOT NULL
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow, rate_key;
 
--- name: due_capped_pull_workflows
--- As due_capped_workflows, for the runs of pull app $1.
-SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
+-- name: due_gated_pull_groups
+-- As due_gated_groups, for the runs of pull app $1.
+SELECT 'capped' AS kind, project_id, workflow, concurrency_key AS key,
+       min((options ->> 'concurrency')::integer) AS cap, NULL::bigint AS period_ms
 FROM runs
 WHERE pull AND app_id = $1 AND ready_at <= now() AND NOT held
   AND options ->> 'concurrency' IS NOT NULL
   AND (deadline_at IS NULL OR deadline_at > now())
-GROUP BY project_id, workflow, concurrency_key;
+GROUP BY project_id, workflow, concurrency_key
+UNION ALL
+SELECT 'rate', project_id, workflow, rate_key,
+       min((options -> 'rateLimit' ->> 'limit')::integer),
+       max((options -> 'rateLimit' ->> 'periodMs')::bigint)
+FROM runs
+WHERE pull AND app_id = $1 AND ready_at <= now() AND started_at IS NULL
+  AND NOT cancel_requested AND options -> 'rateLimit' IS NOT NULL
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow, rate_key;
 
 -- name: held_workflows
 -- The workflows with held runs, by concurrency key value, with the cap of their runs.
@@ -350,7 +408,7 @@ SELECT pg_advisory_xact_lock(
 
 -- name: claim_capped
 -- With lock_workflow held: leases up to $6 of the due or held runs of workflow $2 (project
--- $1) with concurrency key value $7, oldest first, as far as its cap $3 has room beside its
+-- $1) with concurrency key value $7, higher priority first, then oldest, as far as its cap $3 has room beside its
 -- invocations in flight, to $4 for $5 seconds (as claim_due leases). When that fills the cap,
 -- its other due runs are held (ready_at at their deadline, no lease) until release_held lets
 -- them go. Without takeovers ($8 false), runs whose lease expired are left to their holders.
@@ -360,20 +418,20 @@ WITH busy AS (
       AND lease_token IS NOT NULL AND ready_at > now()
 ),
 cand AS (
-    (SELECT id, created_at FROM runs
+    (SELECT id, priority, created_at FROM runs
      WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
        AND held
-     ORDER BY created_at, id LIMIT $6)
+     ORDER BY priority DESC, created_at, id LIMIT $6)
     UNION ALL
-    (SELECT id, created_at FROM runs
+    (SELECT id, priority, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
        AND concurrency_key IS NOT DISTINCT FROM $7::text
        AND ($8::boolean OR lease_token IS NULL)
-     ORDER BY created_at, id LIMIT $6)
+     ORDER BY priority DESC, created_at, id LIMIT $6)
 ),
 go AS (
     SELECT r.id, r.lease_token AS old_token FROM runs r
-    WHERE r.id IN (SELECT id FROM cand ORDER BY created_at, id
+    WHERE r.id IN (SELECT id FROM cand ORDER BY priority DESC, created_at, id
                    LIMIT least($6::integer, (SELECT room FROM busy)))
     FOR UPDATE SKIP LOCKED
 ),
@@ -411,15 +469,17 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
 -- name: claim_pull
 -- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds, as claim_due
 -- leases (a run whose lease ran out is taken over: its worker died or stalled). Runs of a
--- workflow with a concurrency cap are left to claim_capped, runs past their deadline to the
--- dispatcher (which ends them).
+-- workflow with a concurrency cap are left to claim_capped, runs of a workflow with a rate
+-- limit not yet started to claim_rate_limited, runs past their deadline to the dispatcher
+-- (which ends them). Higher priority first, then the longest due.
 WITH due AS (
     SELECT id, ready_at, lease_token AS old_token
     FROM runs
     WHERE pull AND app_id = $2 AND ready_at <= now()
       AND options ->> 'concurrency' IS NULL
+      AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
       AND (deadline_at IS NULL OR deadline_at > now())
-    ORDER BY ready_at
+    ORDER BY priority DESC, ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
@@ -458,20 +518,92 @@ UPDATE apps SET polled_at = now()
 WHERE id = $1 AND (polled_at IS NULL OR polled_at < now() - interval '1 second');
 
 -- name: release_held
--- With lock_workflow held: the oldest held runs of workflow $2 (project $1) with concurrency
--- key value $4 become due again, as far as its cap $3 has room beside its invocations in flight.
+-- With lock_workflow held: the held runs of workflow $2 (project $1) with concurrency key
+-- value $4, higher priority first, then oldest, become due again, as far as its cap $3 has
+-- room beside its invocations in flight.
 UPDATE runs r SET ready_at = now(), held = false
 WHERE r.id IN (
     SELECT id FROM runs
     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
       AND held
-    ORDER BY created_at, id
+    ORDER BY priority DESC, created_at, id
     LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
            WHERE project_id = $1 AND workflow = $2
              AND concurrency_key IS NOT DISTINCT FROM $4::text
              AND lease_token IS NOT NULL AND ready_at > now())
 )
 RETURNING r.id;
+
+-- name: lock_rate
+-- Serialises claiming the runs of workflow $2 of project $1 with rate key value $3 until the
+-- transaction ends, so two orchestrators never both see room in its window. Namespace 3 of the
+-- advisory locks.
+SELECT pg_advisory_xact_lock(
+    3, hashtext($1::uuid::text || ':' || $2::text || ':' || coalesce($3::text, '')));
+
+-- name: rate_window
+-- With lock_rate held: the transaction's time, when the runs of workflow $2 (project $1) with
+-- rate key value $3 that started within the last $4 milliseconds started (oldest first), and
+-- how many of its runs are due and not yet started.
+SELECT now() AS now,
+       array(SELECT started_at FROM runs
+             WHERE project_id = $1 AND workflow = $2 AND options ? 'rateLimit'
+               AND rate_key IS NOT DISTINCT FROM $3::text
+               AND started_at > now() - make_interval(secs => $4::double precision / 1000)
+             ORDER BY started_at) AS starts,
+       (SELECT count(*) FROM runs
+        WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+          AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+          AND rate_key IS NOT DISTINCT FROM $3::text) AS waiting;
+
+-- name: claim_rate_limited
+-- With lock_rate held: leases up to $4 of the due runs not yet started of workflow $2 (project
+-- $1) with rate key value $3, higher priority first, then oldest, to $5 for $6 seconds (as
+-- claim_due leases; their started_at, now, counts in the window from then on).
+WITH go AS (
+    SELECT id FROM runs
+    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+      AND rate_key IS NOT DISTINCT FROM $3::text
+    ORDER BY priority DESC, created_at, id
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $5,
+    ready_at = least(now() + make_interval(secs => $6::double precision), r.deadline_at),
+    claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
+    progress_seq = 0,
+    progress_digest = NULL,
+    held = false,
+    started_at = now()
+FROM go
+WHERE r.id = go.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          r.concurrency_key, r.generation, 0::double precision AS due_in, false AS taken_over,
+          r.created_at,
+          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+
+-- name: defer_rate_limited
+-- With lock_rate held: the due runs not yet started of workflow $2 (project $1) with rate key
+-- value $3, in the order they go (higher priority first, then oldest), come due at the times
+-- $4 gives them in that order, never past their deadline; a time not after now leaves its run
+-- due.
+WITH ranked AS (
+    SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS n FROM runs
+    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+      AND rate_key IS NOT DISTINCT FROM $3::text
+)
+UPDATE runs r SET ready_at = least(t.at, r.deadline_at)
+FROM ranked JOIN unnest($4::timestamptz[]) WITH ORDINALITY AS t(at, n) ON t.n = ranked.n
+WHERE r.id = ranked.id AND t.at > now();
 
 -- name: due_backlog
 -- Runs due now that no invocation has taken (a run out lease included), and how many seconds
@@ -764,10 +896,16 @@ WHERE r.id IS NOT NULL
 
 -- name: insert_child_run
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
-                  options, deadline_at, ready_at, definition_version, pull)
+                  options, deadline_at, ready_at, definition_version, pull, concurrency_key,
+                  rate_key, priority)
 SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
        now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-       now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id)
+       now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id),
+       CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+            THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
+       CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+            THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
+       coalesce((SELECT p.priority FROM runs p WHERE p.id = $5), 0)
 FROM workflows w WHERE w.project_id = $2 AND w.name = $3
 ON CONFLICT (id) DO NOTHING
 RETURNING id;

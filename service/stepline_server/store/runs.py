@@ -25,6 +25,7 @@ class NewRun:
     scheduled_at: datetime | None = None
     trigger: str = "api"
     event_id: uuid.UUID | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,10 @@ async def insert(
     run key exists. ``notify``: wake every orchestrator's dispatcher (a NOTIFY, which
     PostgreSQL serialises at commit), not needed when the caller's own dispatcher takes it.
 
-    With ``lease``, a run of a workflow without a concurrency cap is created leased and its
-    first invocation begun, as a claim would leave it (``lease_token`` set, and the row has
-    what :class:`~stepline_server.loops.dispatcher.Dispatcher` needs to invoke it): one
-    statement instead of three before the app is called."""
+    With ``lease``, a run of a workflow without a concurrency cap or a rate limit is created
+    leased and its first invocation begun, as a claim would leave it (``lease_token`` set, and
+    the row has what :class:`~stepline_server.loops.dispatcher.Dispatcher` needs to invoke
+    it): one statement instead of three before the app is called."""
     return await conn.fetchrow(
         Q["insert_run"],
         run.id,
@@ -64,6 +65,7 @@ async def insert(
         lease.owner if lease else None,
         lease.seconds if lease else None,
         run.event_id,
+        run.priority,
     )
 
 

@@ -125,6 +125,8 @@ CREATE TABLE runs (
     log_lines integer NOT NULL DEFAULT 0,
     log_bytes bigint NOT NULL DEFAULT 0,
     logs_dropped integer NOT NULL DEFAULT 0,
+    priority smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
+    rate_key text,
     pull boolean NOT NULL DEFAULT false,
     generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
@@ -145,19 +147,23 @@ COMMENT ON COLUMN runs.log_lines IS 'Log lines kept (run_logs rows): the seq of 
 COMMENT ON COLUMN runs.log_bytes IS 'Size of the log lines kept (message and fields as JSON), counted against the cap.';
 COMMENT ON COLUMN runs.logs_dropped IS 'Log lines dropped past the cap (1,000 lines or 1 MiB a run); once one is dropped, no newer line is kept.';
 COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
+COMMENT ON COLUMN runs.priority IS 'Among due runs of a workflow, higher priority is claimed first (-100 to 100, default 0).';
+COMMENT ON COLUMN runs.rate_key IS 'The value of the workflow''s rate limit key field in the input: the limit counts starts per value (NULL: the field is missing, or the limit has no key).';
 COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
+CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
 CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
+CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
 CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
 CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
 CREATE INDEX runs_leased ON runs (project_id, workflow, concurrency_key) WHERE lease_token IS NOT NULL;
-CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, created_at) WHERE held;
+CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, priority DESC, created_at) WHERE held;
 CREATE UNIQUE INDEX runs_singleton ON runs (project_id, workflow, singleton_key)
     WHERE singleton_key IS NOT NULL AND ended_at IS NULL;
 CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;

@@ -142,13 +142,18 @@ async def send_event(
 
 
 async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
-    """Request cancellation; None when the run does not exist; RuleError when it has ended."""
+    """Request cancellation (a run never invoked ends cancelled at once); None when the run
+    does not exist; RuleError when it has ended."""
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:
             return None
         if rules.check_cancel(run["status"]):
-            await dispatch.cancel_tree(conn, run_id)
+            if rules.cancels_at_once(run["started_at"], run["lease_token"]):
+                status = rules.RunStatus.CANCELLED
+                await dispatch.end_run(conn, run_id, None, status, None, None)
+            else:
+                await dispatch.cancel_tree(conn, run_id)
         return await runs.get(conn, project_id, run_id)
 
 

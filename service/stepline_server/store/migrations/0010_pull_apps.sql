@@ -11,5 +11,7 @@ ALTER TABLE runs ADD COLUMN pull boolean NOT NULL DEFAULT false;
 COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 DROP INDEX runs_ready;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
+DROP INDEX runs_ready_priority;
+CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
 CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
