@@ -46,6 +46,13 @@ def parser() -> argparse.ArgumentParser:
         type=_ints,
         help=f"step counts of the `long` runs [{','.join(map(str, d.long))}]",
     )
+    p.add_argument(
+        "--long-every",
+        type=int,
+        help=f"long-sleep-N-canK: continue as new every K iterations [{d.long_every}]",
+    )
+    p.add_argument("--big-steps", type=int, help=f"steps of the `big` run [{d.big_steps}]")
+    p.add_argument("--big-kb", type=int, help=f"KB each `big` step returns [{d.big_kb}]")
     p.add_argument("--idle-runs", type=int, help=f"sleeping runs in `idle` [{d.idle_runs}]")
     p.add_argument(
         "--idle-window", type=float, help=f"seconds `idle` measures them [{d.idle_window:g}]"
@@ -93,6 +100,9 @@ def config_from(args: argparse.Namespace) -> Config:
         "fanout",
         "sleep_ms",
         "long",
+        "long_every",
+        "big_steps",
+        "big_kb",
         "idle_runs",
         "idle_window",
         "timeout",

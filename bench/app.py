@@ -9,6 +9,9 @@ zeroes them. The signing secret comes from ``STEPLINE_SIGNING_SECRET``.
 Workflows (all steps are trivial ``async`` functions, so the figures are the engine's overhead):
 
 - ``steps``, ``long``: ``input["n"]`` sequential steps.
+- ``long-sleep``: ``input["n"]`` iterations of a step and a 10 ms sleep (with ``input["every"]``,
+  the run continues as new after each ``every`` iterations).
+- ``big``: ``input["n"]`` steps each returning ``input["kb"]`` KB of text, then a 10 ms sleep.
 - ``fanout``: ``input["n"]`` steps gathered in parallel.
 - ``sleep``: ``ctx.now`` before, a durable sleep of ``input["ms"]``, ``ctx.now`` after.
 - ``callback``: a callback, a step that announces its URL to the load generator, then the wait.
@@ -37,6 +40,7 @@ COUNTERS = (
     "progress_request_bytes",
     "progress_response_bytes",
     "idle_reached",
+    "largest_invoke_body",
 )
 
 
@@ -70,11 +74,15 @@ class CountingMiddleware:
             await self.app(scope, receive, send)
             return
         counts = STATS.counts
+        size = 0
 
         async def counted_receive() -> Message:
+            nonlocal size
             message = await receive()
             if message["type"] == "http.request":
+                size += len(message.get("body", b""))
                 counts["invoke_request_bytes"] += len(message.get("body", b""))
+                counts["largest_invoke_body"] = max(counts["largest_invoke_body"], size)
             return message
 
         async def counted_send(message: Message) -> None:
@@ -130,6 +138,29 @@ async def long(ctx: stepline.Context, input: dict[str, Any]) -> int:
     for i in range(int(input["n"])):
         await ctx.step(f"s{i}", trivial, i)
     return int(input["n"])
+
+
+@sl.workflow("long-sleep")
+async def long_sleep(ctx: stepline.Context, input: dict[str, Any]) -> int:
+    n, every = int(input["n"]), int(input.get("every") or 0)
+    for i in range(int(input.get("from") or 0), n):
+        await ctx.step(f"s{i}", trivial, i)
+        await ctx.sleep(f"z{i}", "10ms")
+        if every and (i + 1) % every == 0 and i + 1 < n:
+            ctx.continue_as_new({"n": n, "every": every, "from": i + 1})
+    return n
+
+
+async def blob(i: int, kb: int) -> str:
+    return chr(ord("a") + i % 26) * (kb * 1000)
+
+
+@sl.workflow("big")
+async def big(ctx: stepline.Context, input: dict[str, Any]) -> int:
+    kb = int(input["kb"])
+    sizes = [len(await ctx.step(f"b{i}", blob, i, kb)) for i in range(int(input["n"]))]
+    await ctx.sleep("nap", "10ms")
+    return sum(sizes)
 
 
 @sl.workflow("fanout")

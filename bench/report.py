@@ -37,6 +37,20 @@ def details(row: JSON) -> str:
         parts.append(f"->seen p50 {_q(x.get('completion_to_seen_ms'), 'p50')} ms")
         if not x.get("all_suspended", True):
             parts.append("NOT ALL SUSPENDED")
+    elif name.startswith("long-sleep-") or name == "big":
+        parts.append(
+            f"{_num(x.get('bytes_to_app_per_invocation'), 0)} B/inv to app "
+            f"(largest body {x.get('largest_invoke_body', 0):,} B)"
+        )
+        parts.append(f"{_num(x.get('ms_per_iteration'), 2)} ms/iteration")
+        parts.append(f"{x.get('invocations')} inv")
+        for key, growth in x.items():
+            if key.startswith("growth_vs_"):
+                parts.append(
+                    f"x{growth['bytes_per_invocation_ratio']} B/inv, "
+                    f"x{growth['ms_per_iteration_ratio']} ms/iteration "
+                    f"vs {key.removeprefix('growth_vs_')}"
+                )
     elif name.startswith("long-"):
         parts.append(
             f"to app {x.get('bytes_to_app', 0):,} B ({_num(x.get('bytes_to_app_per_step'))} B/step)"

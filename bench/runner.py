@@ -40,6 +40,9 @@ class Config:
     fanout: int = 100
     sleep_ms: int = 1000
     long: list[int] = field(default_factory=lambda: [10, 100, 1000])
+    long_every: int = 10  # long-sleep-N-canK: continue as new after each K iterations
+    big_steps: int = 20
+    big_kb: int = 900
     keyed_runs: int = 1000
     keyed_keys: int = 100
     idle_runs: int = 10_000
@@ -103,6 +106,9 @@ async def _workloads(bench: workloads.Bench, config: Config, dsn: str) -> list[w
         results += await workloads.callback(bench, config.runs)
     if "long" in chosen:
         results += await workloads.long(bench, config.long)
+        results += await workloads.long_sleep(bench, config.long)
+        results += await workloads.long_sleep(bench, config.long, every=config.long_every)
+        results += await workloads.big(bench, config.big_steps, config.big_kb)
     if "idle" in chosen:
         results += await workloads.idle(bench, config.idle_runs, config.idle_window)
     if "scale" in chosen:

@@ -99,7 +99,7 @@ _PLANNED: dict[str, tuple[Any, ...]] = {
     "claim_due": (64, "explain", 20.0, 0.05, True, "{}"),
     "next_due_in": (True,),
     "due_backlog": (),
-    "begin_invocations": ("[]", 0.05),
+    "begin_invocations": ("[]", 0.05, 262144),
 }
 
 

@@ -424,6 +424,60 @@ async def long(bench: Bench, sizes: Sequence[int]) -> list[Result]:
     return results
 
 
+def _per_invocation(result: Result, stats: JSON, iterations: int) -> None:
+    """Bytes the orchestrator sent the app per invocation (bodies and progress answers), and
+    time per iteration."""
+    to_app = stats["invoke_request_bytes"] + stats["progress_response_bytes"]
+    invocations = max(stats["invocations"], 1)
+    result.extra.update(
+        {
+            "iterations": iterations,
+            "invocations": stats["invocations"],
+            "bytes_to_app": to_app,
+            "bytes_to_app_per_invocation": round(to_app / invocations, 1),
+            "largest_invoke_body": stats.get("largest_invoke_body", 0),
+            "ms_per_iteration": round(result.wall_s * 1000 / max(iterations, 1), 3),
+        }
+    )
+
+
+async def long_sleep(bench: Bench, sizes: Sequence[int], every: int = 0) -> list[Result]:
+    """One run of N iterations of a step and a 10 ms sleep per size (each iteration is an
+    invocation); with ``every``, the run continues as new after each ``every`` iterations."""
+    results: list[Result] = []
+    suffix = f"-can{every}" if every else ""
+    for n in sizes:
+        await bench.settle(bench.deadline())
+        await bench.reset_app_stats()
+        result, _, _ = await _batch(
+            bench, f"long-sleep-{n}{suffix}", "long-sleep", [{"n": n, "every": every}]
+        )
+        _per_invocation(result, await bench.app_stats(), n)
+        results.append(result)
+    if len(results) > 1:
+        first, last = results[0].extra, results[-1].extra
+        results[-1].extra[f"growth_vs_{results[0].name}"] = {
+            "bytes_per_invocation_ratio": round(
+                last["bytes_to_app_per_invocation"]
+                / max(first["bytes_to_app_per_invocation"], 1e-9),
+                2,
+            ),
+            "ms_per_iteration_ratio": round(
+                last["ms_per_iteration"] / max(first["ms_per_iteration"], 1e-9), 2
+            ),
+        }
+    return results
+
+
+async def big(bench: Bench, steps: int = 20, kb: int = 900) -> list[Result]:
+    """One run of ``steps`` steps of ``kb`` KB each, then a sleep: large results by reference."""
+    await bench.settle(bench.deadline())
+    await bench.reset_app_stats()
+    result, _, _ = await _batch(bench, "big", "big", [{"n": steps, "kb": kb}])
+    _per_invocation(result, await bench.app_stats(), steps)
+    return [result]
+
+
 async def idle(bench: Bench, runs: int, window: float, sleep_ms: int = 3_600_000) -> list[Result]:
     """``runs`` runs sleeping (an hour); then the processes' CPU and memory over ``window`` s."""
     deadline = bench.deadline()

@@ -3,7 +3,9 @@
 Each ``ctx`` operation looks its step up by name in the recorded history. A finished record is
 replayed at once, without yielding to the event loop; anything new becomes a pending
 :class:`_Op` that the engine (``stepline._engine``) dispatches when the workflow is quiescent.
-Within one branch (an asyncio task), recorded steps must be met in their recorded order.
+Within one branch (an asyncio task), recorded steps must be met in their recorded order. A
+large result comes as a reference (``outputRef``) and is fetched from the orchestrator the first
+time the workflow reads it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import asyncio
 import contextvars
 import time
 import uuid as uuid_module
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, overload
 
 from stepline import _json, protocol
 from stepline._durations import Duration, to_ms
@@ -27,6 +29,7 @@ from stepline._errors import (
     NondeterminismError,
     StepFailed,
     SteplineError,
+    _ContinueAsNew,
     _Suspended,
 )
 from stepline._logs import LogBuffer, RunLog
@@ -39,6 +42,9 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 M = TypeVar("M")
+
+FetchResult = Callable[[protocol.StepRecord], Coroutine[Any, Any, Any]]
+"""Fetches a recorded step's result that came by reference (``outputRef``)."""
 
 # The last recorded step entered by the current branch, with the Context it belongs to. A task
 # made by gather inherits its parent's value, which is right: its steps come after the parent's
@@ -84,10 +90,17 @@ class Callback:
 class Context:
     """What a workflow uses to run steps, sleep and wait, durably and replay-safely."""
 
-    def __init__(self, request: protocol.InvokeRequest, definition: WorkflowDef) -> None:
+    def __init__(
+        self,
+        request: protocol.InvokeRequest,
+        definition: WorkflowDef,
+        fetch: FetchResult | None = None,
+    ) -> None:
         self.run_id = request.run_id
         self.workflow = request.workflow
         self.attempt = request.attempt
+        self.generation = request.generation
+        """Counts from 1; each :meth:`continue_as_new` starts the next."""
         self.retries = definition.retries
         records = sorted(request.steps, key=lambda s: s.position)
         self._records = {record.name: record for record in records}
@@ -102,6 +115,10 @@ class Context:
         self._cancel_requested = request.cancel_requested
         self.cancel_raised = False
         self.fatal: SteplineError | None = None
+        self._fetch = fetch
+        self.fetching: set[asyncio.Task[Any]] = set()  # results being fetched by reference
+        self.lost: Exception | None = None  # a fetch failed: the invocation cannot go on
+        self.continued: _ContinueAsNew | None = None
         self._met = 0  # recorded steps reached so far
         self.logs = LogBuffer()
         self.log = RunLog(self, self.logs)
@@ -147,7 +164,7 @@ class Context:
         attempt = 1
         if record is not None:
             if record.status is StepStatus.COMPLETED:
-                return record.output
+                return await self._output(record)
             if record.status is StepStatus.FAILED:
                 raise StepFailed.from_info(name, record.error)
             if record.status is StepStatus.CANCELLED:
@@ -238,7 +255,7 @@ class Context:
         record = self._records.get(name)
         if record is not None:
             if record.status is StepStatus.COMPLETED:
-                return record.output
+                return await self._output(record)
             if record.status is StepStatus.FAILED:
                 if record.timed_out or record.error is None:
                     raise CallbackTimeout(name)
@@ -265,7 +282,7 @@ class Context:
         timeout_ms = None if timeout is None else to_ms(timeout)
         record = self._enter(name, StepKind.EVENT)
         if record is not None and record.status is StepStatus.COMPLETED:
-            return record.output
+            return await self._output(record)
         if record is not None and record.status is StepStatus.FAILED:
             return None  # a timed-out wait recorded as failed means "no event"
         return await self._block(
@@ -283,7 +300,7 @@ class Context:
         payload = _json.round_trip(input)[0]
         record = self._enter(name, StepKind.INVOKE)
         if record is not None and record.status is StepStatus.COMPLETED:
-            return record.output
+            return await self._output(record)
         if record is not None and record.status is StepStatus.FAILED:
             error = record.error or protocol.ErrorInfo(message="child workflow failed")
             raise ChildWorkflowFailed(name, error, record.child_run_id)
@@ -291,7 +308,46 @@ class Context:
             record, name, StepKind.INVOKE, Action.INVOKE, workflow=workflow, input=payload
         )
 
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        """End this generation of the run and start it over with ``input`` and an empty
+        history, under the same run id (the run's history keeps what happened). Raises out of
+        the workflow function; the run is then invoked again from the top with ``input``.
+        Use it in a long or endless loop so that each invocation replays only the current
+        generation's steps."""
+        if self.closed:
+            raise _Suspended()
+        value, size = _json.round_trip(input)
+        if size > _json.MAX_PAYLOAD_BYTES:
+            raise ValueError(f"the input to continue with is {size} bytes, over the 1 MiB limit")
+        self.continued = _ContinueAsNew(value)
+        raise self.continued
+
     # -- machinery -----------------------------------------------------------------------
+
+    async def _output(self, record: protocol.StepRecord) -> Any:
+        """A completed step's result: inline, or fetched once by reference."""
+        if record.output_ref is None:
+            return record.output
+        if self._fetch is None:
+            raise RuntimeError(f"the result of step {record.name!r} came by reference")
+        task = asyncio.ensure_future(self._fetch(record))
+        self.fetching.add(task)
+        task.add_done_callback(self.fetching.discard)
+        self._futures.append(task)
+        self.activity += 1
+        try:
+            value = await task
+        except asyncio.CancelledError:
+            raise _Suspended() from None
+        except Exception as exc:
+            # Not the workflow's to catch: the invocation stops and is tried again.
+            if self.lost is None:
+                self.lost = exc
+            raise _Suspended() from None
+        finally:
+            self.activity += 1
+        record.output, record.output_ref = value, None  # read again: no second fetch
+        return value
 
     def _enter(self, name: str, kind: StepKind) -> protocol.StepRecord | None:
         if self.closed:

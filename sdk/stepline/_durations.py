@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 
@@ -20,23 +21,30 @@ def parse_duration(value: Duration) -> float:
     elif isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
-        text = value.strip().lower().replace(" ", "")
-        if not text:
-            raise ValueError("empty duration")
-        try:
-            return _non_negative(float(text))
-        except ValueError:
-            pass
-        pos, seconds = 0, 0.0
-        for match in _PART.finditer(text):
-            if match.start() != pos:
-                break
-            seconds += float(match.group(1)) * _UNITS[match.group(2)]
-            pos = match.end()
-        if pos != len(text):
-            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m, 1d)")
+        return _parse_text(value)
     else:
         raise ValueError(f"not a duration: {value!r}")
+    return _non_negative(seconds)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_text(value: str) -> float:
+    # Cached: a workflow replays the same few durations (its sleeps) at every invocation.
+    text = value.strip().lower().replace(" ", "")
+    if not text:
+        raise ValueError("empty duration")
+    try:
+        return _non_negative(float(text))
+    except ValueError:
+        pass
+    pos, seconds = 0, 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        seconds += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m, 1d)")
     return _non_negative(seconds)
 
 

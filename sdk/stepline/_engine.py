@@ -4,7 +4,9 @@ The workflow runs in its own task. The engine waits until it is *quiescent* (don
 branch blocked on a ctx future), then acts on the new operations: waits and values are buffered,
 new ``run`` steps and callbacks cost one progress call (carrying everything buffered), after
 which the steps run concurrently and their results are buffered in turn. When nothing runs and
-nothing is new, the invocation answers ``suspended`` with what is still buffered.
+nothing is new, the invocation answers ``suspended`` with what is still buffered. A result that
+came by reference is fetched while the workflow waits for it (the engine waits too); a
+workflow that calls ``ctx.continue_as_new`` answers ``continued`` with the next input.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Invocation:
         self.traceparent = traceparent  # W3C trace context the invocation came with
         self.request = request
         self.sender = sender
-        self.ctx = Context(request, definition)
+        self.ctx = Context(request, definition, self._fetch_result)
         self.buffer: list[StepUpdate] = []
         self.progress_calls = 0
         self.running: set[asyncio.Task[None]] = set()
@@ -92,10 +94,15 @@ class Invocation:
             self._abandon()
             raise
 
+    async def _fetch_result(self, record: protocol.StepRecord) -> Any:
+        return await self.sender.result(self.request, record)
+
     async def _drive(self, task: asyncio.Future[Any]) -> protocol.InvokeResponse:
         ctx = self.ctx
         while True:
             await self._settle(task)
+            if ctx.lost is not None:
+                raise ctx.lost  # a result could not be fetched: stop; the run is invoked again
             fresh = ctx.take_fresh()
             if fresh and ctx.fatal is None and (unreached := ctx.unreached()):
                 expected = unreached[0]
@@ -117,8 +124,10 @@ class Invocation:
             if fresh:
                 await self._dispatch(fresh)
                 continue
-            if self.running:
-                await asyncio.wait({*self.running, task}, return_when=asyncio.FIRST_COMPLETED)
+            if self.running or ctx.fetching:
+                await asyncio.wait(
+                    {*self.running, *ctx.fetching, task}, return_when=asyncio.FIRST_COMPLETED
+                )
                 continue
             if ctx.waiting == 0:
                 # No branch waits on ctx, so the workflow awaits something else: let it.
@@ -263,8 +272,12 @@ class Invocation:
         if ctx.fatal is not None:
             self._log_failed(ctx.fatal)
             return self._answer(InvokeStatus.FAILED, error=error_info(ctx.fatal))
+        if ctx.lost is not None:
+            raise ctx.lost
         if ctx.cancel_raised:
             return self._answer(InvokeStatus.CANCELLED)
+        if ctx.continued is not None and not task.cancelled() and task.exception() is ctx.continued:
+            return self._answer(InvokeStatus.CONTINUED, input=ctx.continued.input)
         if task.cancelled():
             info = protocol.ErrorInfo(type="CancelledError", message="the workflow was cancelled")
             return self._answer(InvokeStatus.FAILED, error=info)

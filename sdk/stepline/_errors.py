@@ -14,6 +14,7 @@ The tree::
     └── SignatureError          a request's Stepline-Signature did not verify
 
     _Suspended (BaseException)  internal: ends an execution; never catch it
+    _ContinueAsNew (BaseException)  internal: ctx.continue_as_new ends the generation
 
 Every exception carries its data as attributes, so code that catches one can act on it.
 """
@@ -150,6 +151,19 @@ class _Suspended(BaseException):
             "this workflow execution has ended (suspended or superseded); "
             "stepline._Suspended must not be caught"
         )
+
+
+class _ContinueAsNew(BaseException):
+    """Internal signal raised by :meth:`stepline.Context.continue_as_new`: this generation of
+    the run is over and the next starts with a fresh history.
+
+    Do not catch it (it derives from BaseException so that ``except Exception`` lets it
+    through); re-raise it if you catch BaseException.
+    """
+
+    def __init__(self, input: Any) -> None:
+        super().__init__("the run continues as new; stepline._ContinueAsNew must not be caught")
+        self.input = input
 
 
 MAX_TRACEBACK_BYTES = 16 * 1024

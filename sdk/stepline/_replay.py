@@ -96,6 +96,10 @@ class _NoProgress:
     ) -> protocol.ProgressResponse:
         raise RuntimeError("a replay check reports nothing to the orchestrator")
 
+    async def result(self, request: protocol.InvokeRequest, record: protocol.StepRecord) -> Any:
+        """The history a replay check fetched carries every result inline."""
+        return record.output
+
 
 class _ReplayContext(Context):
     """The invocation's Context, noting the kind of each operation the code makes."""

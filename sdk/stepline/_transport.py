@@ -4,18 +4,21 @@
 a :class:`~stepline.protocol.ProgressRequest`. A ``409`` means another invocation owns the run
 (:class:`StaleInvocation`); network errors and ``5xx`` are retried a few times, then reported as
 :class:`OrchestratorUnavailable` (the handler answers ``503`` and the orchestrator retries).
+A large step result that came by reference is fetched the same way, by
+``GET {apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import pydantic
 
-from stepline import _http, protocol
+from stepline import _http, _json, protocol
 
 logger = logging.getLogger("stepline")
 
@@ -45,6 +48,10 @@ class ProgressSender(Protocol):
         """Commit ``updates`` (the invocation's ``seq``-th call) for the invocation ``request``,
         with the log lines written since the last call (and how many were dropped); answer the
         orchestrator's reply."""
+        ...
+
+    async def result(self, request: protocol.InvokeRequest, record: protocol.StepRecord) -> Any:
+        """The result of ``record``, a step whose result came by reference (``outputRef``)."""
         ...
 
 
@@ -84,6 +91,54 @@ class Transport:
         response = await self._fast.post(url, content, headers, idempotent=True)
         return response.status, response.body
 
+    async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self._client is not None:
+            try:
+                answer = await self._client.get(url, headers=headers)
+            except httpx.HTTPError as exc:
+                raise _http.HttpError(f"{type(exc).__name__}: {exc}") from None
+            return answer.status_code, answer.content
+        response = await self._fast.request("GET", url, b"", headers, idempotent=True)
+        return response.status, response.body
+
+    async def result(self, request: protocol.InvokeRequest, record: protocol.StepRecord) -> Any:
+        """GET a result that came by reference and check it against its digest; retry
+        transient failures; raise on a stale or lost orchestrator."""
+        ref = record.output_ref
+        if ref is None:
+            return record.output
+        base = request.api_url.rstrip("/")
+        url = (
+            f"{base}/v1/invocations/{request.invocation_id}/results/{record.position}"
+            f"?runId={request.run_id}"
+        )
+        headers = {"Authorization": f"Bearer {request.token}"}
+        problem = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                status, answer = await self._get(url, headers)
+            except _http.HttpError as exc:
+                problem = str(exc)
+                continue
+            if status == 409:
+                raise StaleInvocation(answer[:500].decode("utf-8", "replace"))
+            if status >= 500:
+                problem = f"HTTP {status}"
+                continue
+            if status != 200:
+                text = answer[:500].decode("utf-8", "replace")
+                raise OrchestratorUnavailable(f"result fetch refused with HTTP {status}: {text}")
+            digest = "md5:" + hashlib.md5(answer, usedforsecurity=False).hexdigest()
+            if len(answer) != ref.size or digest != ref.digest:
+                problem = f"the result of step {record.name!r} does not match its reference"
+                continue
+            return _json.loads(answer)
+        raise OrchestratorUnavailable(
+            f"fetching a result failed {self.retries + 1} times: {problem}"
+        )
+
     async def progress(
         self,
         request: protocol.InvokeRequest,
@@ -99,7 +154,7 @@ class Transport:
         # The updates were validated when made: serialise them straight to JSON.
         body = protocol.ProgressRequest.model_construct(
             run_id=request.run_id, updates=updates, seq=seq, logs=logs or [],
-            logs_dropped=logs_dropped,
+            logs_dropped=logs_dropped, generation=request.generation,
         )  # fmt: skip
         content = body.model_dump_json(by_alias=True, exclude_none=True).encode()
         headers = {

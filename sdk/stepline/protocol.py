@@ -10,6 +10,9 @@ Three exchanges (see docs/protocol.md):
 - ``progress``: while an invocation runs, the SDK POSTs :class:`ProgressRequest` to
   ``{apiUrl}/v1/invocations/{invocationId}/progress`` with ``Authorization: Bearer {token}``;
   the orchestrator commits the updates and answers :class:`ProgressResponse`.
+- ``result``: a step result over 256 KiB comes in the invocation as an :class:`OutputRef`;
+  the SDK GETs ``{apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``
+  with the same token when the workflow reads it, and the answer is the result's JSON.
 
 Log lines (:class:`LogLine`) written since the last call travel with the next progress call or
 the invocation's answer, so they are committed with the steps they belong to.
@@ -29,6 +32,8 @@ SIGNATURE_HEADER = "stepline-signature"
 
 PROTOCOL_VERSION = 1
 
+INLINE_RESULT_BYTES = 256 * 1024
+"""Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
 MAX_RUN_LOG_LINES = 1000
 """A run keeps at most this many log lines; past the cap the newest are dropped (and counted)."""
 MAX_RUN_LOG_BYTES = 1024 * 1024
@@ -96,6 +101,14 @@ class ErrorInfo(_Model):
     traceback: str | None = None
 
 
+class OutputRef(_Model):
+    """A step result too large to carry inline: its size in bytes and the ``md5:`` digest of
+    its JSON text, fetched by the step's position when replay reads it."""
+
+    size: int
+    digest: str
+
+
 class StepRecord(_Model):
     """A recorded step, as the orchestrator sends it in an invocation."""
 
@@ -113,6 +126,8 @@ class StepRecord(_Model):
     timed_out: bool = Field(default=False, alias="timedOut")
     blocked: bool = Field(default=False, alias="blocked")
     """A retrying step whose next attempt is not due yet: its branch waits."""
+    output_ref: OutputRef | None = Field(default=None, alias="outputRef")
+    """Set instead of ``output`` when the result is large: fetch it by reference."""
 
 
 class InvokeRequest(_Model):
@@ -128,6 +143,7 @@ class InvokeRequest(_Model):
     attempt: int = 1
     cancel_requested: bool = Field(default=False, alias="cancelRequested")
     steps: list[StepRecord] = Field(default_factory=list)
+    generation: int = 1  # counts from 1; each continue_as_new starts the next, with no steps
 
 
 class DescribeRequest(_Model):
@@ -235,6 +251,7 @@ class ProgressRequest(_Model):
     run_id: str = Field(alias="runId")
     updates: list[StepUpdate]
     seq: int = 0  # 1, 2, 3... within an invocation: a call sent again is not applied twice
+    generation: int = 1  # the invocation's: the ids of callbacks and children it makes count it
     # Log lines written since the last call, in order, and how many the SDK dropped (past the
     # cap) before them: they are committed with the updates.
     logs: list[LogLine] = Field(default_factory=list)
@@ -263,6 +280,7 @@ class InvokeStatus(StrEnum):
     SUSPENDED = "suspended"  # every branch is blocked on a sleep, wait, child or retry
     CANCELLED = "cancelled"  # the workflow finished after a cancel request
     STALE = "stale"  # the orchestrator refused a progress call: another invocation owns the run
+    CONTINUED = "continued"  # ctx.continue_as_new: start the next generation with input
 
 
 class InvokeResponse(_Model):
@@ -273,6 +291,7 @@ class InvokeResponse(_Model):
     output: Any = None
     error: ErrorInfo | None = None
     deployment_id: str | None = Field(default=None, alias="deploymentId")
+    input: Any = None  # continued: the next generation's input
     logs: list[LogLine] = Field(default_factory=list)
     logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
 

@@ -8,7 +8,8 @@ step name, or for events by event name) or time out when absent, and child workf
 :class:`~stepline.Stepline` run in-process. Each invocation replays the history recorded so far,
 exactly as in production, so nondeterminism shows up here too. ``result.logs`` holds the run's
 log lines as the orchestrator would keep them (``ctx.log`` and the ``logging`` records of step
-executions, each once).
+executions, each once). ``ctx.continue_as_new`` starts the next generation with an empty
+history, as the orchestrator does.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ class _MemoryRun:
         self.keep_logs(logs or [], logs_dropped)
         created = self.apply(updates)
         return protocol.ProgressResponse(cancelRequested=self.cancel_requested, callbacks=created)
+
+    async def result(self, request: protocol.InvokeRequest, record: StepRecord) -> Any:
+        """Results are kept inline in memory: never asked for."""
+        return record.output
 
     def keep_logs(self, lines: list[protocol.LogLine], dropped: int) -> None:
         """Keep log lines as the orchestrator does: up to the run's cap, then none newer (the
@@ -223,15 +228,21 @@ async def run(
         sl, workflow, input, run_id or f"test-{workflow}", callbacks or {}, events or {},
         cancel_after,
     )  # fmt: skip
+    generation = 1
     for number in range(1, max_invocations + 1):
         request = protocol.InvokeRequest(
             runId=memory.run_id, workflow=workflow, input=input, invocationId=f"inv-{number}",
             token="test", apiUrl="memory://", cancelRequested=memory.cancel_requested,
             steps=[r.model_copy(deep=True) for r in memory.steps.values()],
+            generation=generation,
         )  # fmt: skip
         response = await Invocation(definition, request, memory).run()
         memory.keep_logs(response.logs, response.logs_dropped)
         memory.apply(response.updates)
+        if response.status is protocol.InvokeStatus.CONTINUED:
+            input, generation = response.input, generation + 1
+            memory.steps, memory.waits = {}, {}
+            continue
         if response.status is not protocol.InvokeStatus.SUSPENDED:
             memory.close_open_steps()
             return RunResult(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
+from stepline_server.engine import history
 from stepline_server.store import apps, runs, schedules
 from stepline_server.store.db import Conn, Record
 
@@ -16,6 +17,11 @@ def callback_url(o: Orchestrator) -> serialize.CallbackUrl:
     """Signed callback URLs built on the orchestrator's public base URL."""
     base = o.settings.base_url
     return lambda callback_id: o.signer.url(base, callback_id)
+
+
+def history_limits(o: Orchestrator) -> history.Limits:
+    """The history limit the orchestrator applies to every run."""
+    return history.Limits(o.settings.history_max_steps, o.settings.history_max_bytes)
 
 
 async def app_slug(conn: Conn, row: Record) -> str | None:
@@ -33,9 +39,11 @@ async def run_json(
     *,
     with_steps: bool = True,
     callback_url: serialize.CallbackUrl | None = None,
+    limits: history.Limits | None = None,
 ) -> dict[str, Any]:
     """A run as the API shows it, with its app's slug and (by default) its steps, each waiting
-    callback with its URL when ``callback_url`` is given."""
+    callback with its URL when ``callback_url`` is given, and the size of its history (with a
+    warning near ``limits``, when given)."""
     slug = await app_slug(conn, row)
     steps = await runs.steps(conn, row["id"]) if with_steps else None
     if row["schedule_id"] is not None and "schedule_sla_ms" not in row:
@@ -47,4 +55,12 @@ async def run_json(
         data["invocations"] = counted["invocations"]
         data["deliveryFailures"] = counted["delivery_failures"]
         data["stepsCompleted"] = counted["steps_completed"]
+        size = history.size_of(steps or [])
+        data["history"] = {"steps": size.steps, "bytes": size.bytes}
+        if limits is not None:
+            data["history"] |= {
+                "maxSteps": limits.steps,
+                "maxBytes": limits.bytes,
+                "warning": history.check(size, limits).warning,
+            }
     return data

@@ -105,6 +105,7 @@ def run(
         "trigger": row["trigger"],
         "eventId": str(row["event_id"]) if row.get("event_id") else None,
         "version": row.get("definition_version"),
+        "generation": row.get("generation") or 1,
         "priority": row.get("priority", 0),
         "createdAt": ts(row["created_at"]),
         "startedAt": ts(started),

@@ -38,6 +38,10 @@ class Settings:
     delivery_backoff_max_seconds: float = 300.0  # the longest pause between two tries
     body_timeout_seconds: float = 30.0  # each part of a request body must arrive this soon
     retention_days: float = 30.0
+    # The most steps and bytes of step results one generation of a run may hold; past either
+    # the run fails with history_limit_exceeded (engine.history).
+    history_max_steps: int = 10_000
+    history_max_bytes: int = 64 * 1024 * 1024
     # Logs: "auto" (for people in a terminal, JSON lines otherwise), "console" or "json".
     log_format: str = "auto"
     # Schedules.
@@ -84,6 +88,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         poll_seconds=float(e.get("STEPLINE_POLL_SECONDS", s.poll_seconds)),
         timer_lead_seconds=float(e.get("STEPLINE_TIMER_LEAD_SECONDS", s.timer_lead_seconds)),
         retention_days=float(e.get("STEPLINE_RETENTION_DAYS", s.retention_days)),
+        history_max_steps=int(e.get("STEPLINE_HISTORY_MAX_STEPS", s.history_max_steps)),
+        history_max_bytes=int(e.get("STEPLINE_HISTORY_MAX_BYTES", s.history_max_bytes)),
         delivery_window_seconds=_seconds(
             e.get("STEPLINE_DELIVERY_WINDOW"), s.delivery_window_seconds
         ),

@@ -23,6 +23,11 @@ EXPECTED = {
     "callback",
     "long-10",
     "long-20",
+    "long-sleep-10",
+    "long-sleep-20",
+    "long-sleep-10-can5",
+    "long-sleep-20-can5",
+    "big",
     "idle",
 }
 
@@ -43,6 +48,9 @@ def test_every_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -
         "--fanout=5",
         "--sleep-ms=200",
         "--long=10,20",
+        "--long-every=5",
+        "--big-steps=3",
+        "--big-kb=300",
         "--idle-runs=20",
         "--idle-window=2",
         "--timeout=60",
@@ -67,6 +75,8 @@ def test_every_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -
     assert rows["sleep"]["extra"]["lateness_ms"]["p50"] is not None
     assert rows["callback"]["extra"]["completion_to_ended_ms"]["p50"] is not None
     assert rows["long-20"]["extra"]["bytes_to_app"] > rows["long-10"]["extra"]["bytes_to_app"]
+    assert rows["long-sleep-20"]["extra"]["invocations"] >= 20
+    assert rows["big"]["extra"]["largest_invoke_body"] < 300_000  # the results went by reference
     assert rows["idle"]["extra"]["sleeping_runs"] == 20
     assert "orchestrator" in rows["idle"]["extra"]["cpu_s_per_min"]
 

@@ -26,6 +26,7 @@ NOT_BY_KEY = {
     "getMetrics",
     "completeCallbackSigned",
     "reportProgress",
+    "getStepResult",
     "beatInvocation",
     "answerInvocation",
 }

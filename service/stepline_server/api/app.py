@@ -14,6 +14,7 @@ from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
 from stepline_server.api import routes_pull as pull
+from stepline_server.api import routes_results as results
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_tenancy as tenancy
@@ -34,6 +35,9 @@ from stepline_server.ui import app as ui
 # (ProgressFastPath answers it before Starlette when the app is built by build_app).
 ROUTES: list[BaseRoute] = [
     Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
+    Route(
+        "/v1/invocations/{invocationId}/results/{position}", results.step_result, methods=["GET"]
+    ),
     Route("/v1/invocations/{invocationId}/heartbeat", pull.heartbeat, methods=["POST"]),
     Route("/v1/invocations/{invocationId}/answer", pull.answer, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),

@@ -87,7 +87,9 @@ async def commit_progress(
     _check_storable(call)
     try:
         run_id = uuid.UUID(call.run_id)
-        plan = plan_updates(call.run_id, call.updates, call.logs, call.logs_dropped)
+        plan = plan_updates(
+            call.run_id, call.updates, call.logs, call.logs_dropped, generation=call.generation
+        )
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()

@@ -140,7 +140,12 @@ async def get_run(request: Request) -> Response:
                 left = deadline - time.monotonic()
                 if row["status"] in rules.ENDED or left <= 0:
                     return json_response(
-                        await reads.run_json(conn, row, callback_url=reads.callback_url(o))
+                        await reads.run_json(
+                            conn,
+                            row,
+                            callback_url=reads.callback_url(o),
+                            limits=reads.history_limits(o),
+                        )
                     )
             # The end notification wakes the wait; looking again now and then only covers a
             # listener that lost its connection before it reconnected.

@@ -31,14 +31,22 @@ class InvalidUpdate(ValueError):
     """A step update that breaks the protocol (wrong kind for the action, missing fields)."""
 
 
-def child_run_id(run_id: str, step_name: str) -> str:
+def child_run_id(run_id: str, step_name: str, generation: int = 1) -> str:
     """The id of the child run a step starts: derived, so the child starts exactly once."""
-    return str(ids.derived_id(uuid.UUID(run_id), f"child:{run_id}:{step_name}", _NS))
+    name = f"child:{_scope(run_id, generation)}:{step_name}"
+    return str(ids.derived_id(uuid.UUID(run_id), name, _NS))
 
 
-def callback_id(run_id: str, step_name: str) -> str:
+def callback_id(run_id: str, step_name: str, generation: int = 1) -> str:
     """The id of the callback a step creates: derived, so it is the same on every replay."""
-    return str(ids.derived_id(uuid.UUID(run_id), f"callback:{run_id}:{step_name}", _NS))
+    name = f"callback:{_scope(run_id, generation)}:{step_name}"
+    return str(ids.derived_id(uuid.UUID(run_id), name, _NS))
+
+
+def _scope(run_id: str, generation: int) -> str:
+    """What derived ids are unique in: the run, and past its first generation the generation
+    too (``ctx.continue_as_new``), so a later generation never meets an earlier one's."""
+    return run_id if generation <= 1 else f"{run_id}/{generation}"
 
 
 @dataclass(slots=True)
@@ -114,9 +122,12 @@ def plan_updates(
     updates: list[StepUpdate],
     logs: list[LogLine] | None = None,
     logs_dropped: int = 0,
+    generation: int = 1,
 ) -> Plan:
     """Turn the SDK's updates into rows and events (a later update of a step wins its row),
-    with the log lines that came with them."""
+    with the log lines that came with them. The ids of callbacks and children count the run's
+    ``generation`` past the first, so a step of a later generation never meets one an earlier
+    generation made under the same name."""
     plan = Plan(logs=run_logs.rows(logs or []), logs_dropped=logs_dropped)
     by_name: dict[str, StepChange] = {}
     for u in updates:
@@ -125,7 +136,7 @@ def plan_updates(
             raise InvalidUpdate(
                 f"step {u.name!r}: action {u.action} does not apply to kind {u.kind}"
             )
-        change = _change(run_id, u, status)
+        change = _change(run_id, u, status, generation)
         by_name[u.name] = change
         plan.events.append(_event(event_type, u, change))
         if u.action is Action.CALLBACK:
@@ -140,7 +151,7 @@ def plan_updates(
     return plan
 
 
-def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
+def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> StepChange:
     if u.action is Action.START or u.action is Action.COMPLETE:  # most updates: the short way
         complete = u.action is Action.COMPLETE
         return StepChange(
@@ -170,8 +181,12 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus) -> StepChange:
         timeout_ms=max(0, u.timeout_ms) if u.timeout_ms is not None else None,
         at_ms=u.at_ms if u.action is Action.SLEEP else None,
         ended=status in ENDED_STEP,
-        callback_id=callback_id(run_id, u.name) if u.action is Action.CALLBACK else None,
-        child_run_id=child_run_id(run_id, u.name) if u.action is Action.INVOKE else None,
+        callback_id=(
+            callback_id(run_id, u.name, generation) if u.action is Action.CALLBACK else None
+        ),
+        child_run_id=(
+            child_run_id(run_id, u.name, generation) if u.action is Action.INVOKE else None
+        ),
         event_name=u.event if u.action is Action.EVENT else None,
         match=u.match if u.action is Action.EVENT else None,
     )

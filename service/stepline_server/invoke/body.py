@@ -2,7 +2,9 @@
 
 It is what ``stepline.protocol.dump(InvokeRequest(...))`` gives (camelCase names, no null
 fields), without building and validating pydantic models for what the store itself wrote: an
-invocation replays every recorded step, so this runs once per step per invocation.
+invocation replays every recorded step, so this runs once per step per invocation. A result
+the store did not read (over its inline limit) goes as an ``outputRef``: the app fetches it
+when replay reads it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.invoke.urls import CallbackSigner
 
 
@@ -33,6 +36,7 @@ def invoke_body(
         "attempt": attempt,
         "cancelRequested": run["cancel_requested"],
         "steps": [_step(s, api_url, signer) for s in steps],
+        "generation": run.get("generation") or 1,
     }
     if body["input"] is None:
         del body["input"]
@@ -49,6 +53,8 @@ def _step(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[
     }
     if row["output"] is not None:
         step["output"] = row["output"]
+    elif (row.get("output_bytes") or 0) > INLINE_RESULT_BYTES and row.get("output_digest"):
+        step["outputRef"] = {"size": row["output_bytes"], "digest": f"md5:{row['output_digest']}"}
     error = row["error"]
     if error is not None:
         step["error"] = {"type": error.get("type", "Error"), "message": error.get("message", "")}

@@ -15,6 +15,7 @@ import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
 from stepline_server import tracing
+from stepline_server.engine import history
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
@@ -368,6 +369,8 @@ class Dispatcher:
         attempt = claim["invoke_attempts"] + 1
         if claim["app_url"] is None:
             return
+        if await self.history_spent(claim, steps):
+            return
         if (early := not_before - time.monotonic()) > 0:
             # Claimed and begun ahead of a sleep's end: call the app when it ends.
             self._early += 1
@@ -431,7 +434,11 @@ class Dispatcher:
         plan: Plan | None
         try:
             plan = plan_updates(
-                str(claim["id"]), response.updates, response.logs, response.logs_dropped
+                str(claim["id"]),
+                response.updates,
+                response.logs,
+                response.logs_dropped,
+                generation=claim.get("generation") or 1,
             )
             outcome = _outcome(response, http_status, duration_ms)
         except InvalidUpdate as exc:
@@ -462,6 +469,23 @@ class Dispatcher:
             recorded=ok,
         )
         return ok
+
+    async def history_spent(self, claim: Mapping[str, Any], steps: Sequence[Record]) -> bool:
+        """End the run ``failed`` (``history_limit_exceeded``) when its history is past the
+        limit, instead of invoking it; warn near it."""
+        limits = history.Limits(self.settings.history_max_steps, self.settings.history_max_bytes)
+        size = history.size_of(steps)
+        verdict = history.check(size, limits)
+        if verdict.warning:
+            log.warning("history_near_limit", steps=size.steps, bytes=size.bytes)
+        if verdict.error is None:
+            return False
+        log.warning("history_limit_exceeded", steps=size.steps, bytes=size.bytes)
+        outcome = dispatch.Outcome(
+            status="failed", error=verdict.error, duration_ms=0, reason="history limit exceeded"
+        )
+        await self._record(claim, Plan(), outcome)
+        return True
 
     async def _finish(
         self,
@@ -548,12 +572,15 @@ def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> di
         response.output,
         (response.error.model_dump(exclude_none=True) if response.error else None),
     )
-    if status == "completed" and len(orjson.dumps(output)) > MAX_OUTPUT_BYTES:
+    if status == "continued":
+        output = response.input  # the next generation's
+    if status in ("completed", "continued") and len(orjson.dumps(output)) > MAX_OUTPUT_BYTES:
+        what = "output" if status == "completed" else "input to continue with"
         status, output = "failed", None
         error = {
             "type": "PayloadTooLarge",
             "code": "payload_too_large",
-            "message": "the run's output is larger than 1 MiB",
+            "message": f"the run's {what} is larger than 1 MiB",
         }
     if status == "failed" and error is None:
         error = {"type": "Error", "message": "the workflow failed"}

@@ -89,6 +89,8 @@ class PullInvocations:
         for row in begin:
             if row["id"] not in steps:
                 continue  # its claim went stale before it began
+            if await self.dispatcher.history_spent(row, steps[row["id"]]):
+                continue  # past the history limit: the run failed, no worker runs it
             bodies.append(
                 invoke_body(
                     row,

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine import rates
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import Plan
-from stepline_server.store import runs, schedules
+from stepline_server.store import history, runs, schedules
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -190,13 +191,14 @@ async def heartbeat(
 
 
 async def begin_invocations(
-    conn: Conn, starts: list[Begin], lead: float = 0.0
+    conn: Conn, starts: list[Begin], lead: float = 0.0, inline_max: int = INLINE_RESULT_BYTES
 ) -> dict[uuid.UUID, list[Record]]:
     """Begin the invocations of runs just claimed, each only while its claim still holds the
     run: settle the timers and timeouts due within ``lead`` seconds (as of their due times) and
     record the invocation starting. Answers the steps of each run begun (a run missing from the
     answer was not begun: its lease is gone). Each step row's ``wait_s`` says how long the app
-    must not be called yet: until the last timer settled is due."""
+    must not be called yet: until the last timer settled is due. A result over ``inline_max``
+    bytes is not read: its row has ``output`` None beside ``output_bytes``."""
     if not starts:
         return {}
     begun = [
@@ -209,7 +211,7 @@ async def begin_invocations(
         for b in starts
     ]
     steps: dict[uuid.UUID, list[Record]] = {}
-    for row in await conn.fetch(Q["begin_invocations"], begun, lead):
+    for row in await conn.fetch(Q["begin_invocations"], begun, lead, inline_max):
         run_steps = steps.setdefault(row["run_id"], [])
         if row["name"] is not None:
             run_steps.append(row)
@@ -471,8 +473,8 @@ async def wake(conn: Conn, run_id: uuid.UUID) -> None:
 class Outcome:
     """How an invocation ended, as the run loop records it."""
 
-    status: str  # completed, failed, cancelled, suspended, stale, delivery_failed
-    output: Any = None
+    status: str  # completed, failed, cancelled, suspended, stale, delivery_failed, continued
+    output: Any = None  # continued: the next generation's input
     error: dict[str, Any] | None = None
     http_status: int | None = None
     duration_ms: int | None = None
@@ -510,6 +512,9 @@ async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
             ends.append(End(item.run_id, item.token, status, outcome.output, outcome.error))
         elif outcome.status == "suspended":
             suspended.append(item)
+        elif outcome.status == "continued":
+            if await history.next_generation(conn, item.run_id, item.token, outcome.output):
+                recorded.add(item.run_id)
         elif outcome.status == "delivery_failed":
             delay = outcome.retry_delay_ms or 0
             if await conn.fetchval(Q["invoke_failed"], item.run_id, item.token, delay):

@@ -342,7 +342,7 @@ claimed AS (
     RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
               r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
               r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since,
-              r.wake_seq, r.concurrency_key, r.created_at,
+              r.wake_seq, r.concurrency_key, r.generation, r.created_at,
               (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
               (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets
 )
@@ -461,7 +461,7 @@ WHERE r.id = go.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, 0::double precision AS due_in,
+          r.concurrency_key, r.generation, 0::double precision AS due_in,
           go.old_token IS NOT NULL AS taken_over, r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
@@ -499,7 +499,7 @@ WHERE r.id = due.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, false AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, 0::double precision AS due_in,
+          r.concurrency_key, r.generation, 0::double precision AS due_in,
           due.old_token IS NOT NULL AS taken_over, r.created_at,
           NULL::text AS app_url, NULL::text[] AS app_secrets;
 
@@ -508,7 +508,7 @@ RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options
 -- needs (as a claim row has it).
 SELECT id, project_id, app_id, workflow, status, input, options, cancel_requested,
        false AS past_deadline, lease_token, invocation_id, invoke_attempts, undelivered_since,
-       wake_seq, concurrency_key, created_at
+       wake_seq, concurrency_key, created_at, generation
 FROM runs WHERE id = $1 AND lease_token = $2 AND pull;
 
 -- name: app_polled
@@ -585,7 +585,8 @@ WHERE r.id = go.id
 RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
           r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, 0::double precision AS due_in, false AS taken_over, r.created_at,
+          r.concurrency_key, r.generation, 0::double precision AS due_in, false AS taken_over,
+          r.created_at,
           (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
           (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
 
@@ -648,7 +649,9 @@ RETURNING r.id, r.cancel_requested;
 -- row per step of every run begun, in the order the steps were first recorded (a run begun with
 -- no steps: one row whose name is null); wait_s says in how many seconds the last sleep settled
 -- ends: the app must not be called before; blocked marks a retrying step whose next attempt is
--- not due when the app is called; late_s, for a timer this statement settled (a sleep's end,
+-- not due when the app is called; a result over $3 bytes comes back as null with its
+-- output_bytes and output_digest (the app fetches it by reference, so it is not read here);
+-- late_s, for a timer this statement settled (a sleep's end,
 -- a wait's timeout), how many seconds ago it was due (negative: claimed ahead). (Only sleeps are settled ahead: nothing from outside can end
 -- one sooner, while a callback or an event may still come before a wait's timeout.) The runs
 -- are locked in id order, as every statement that locks several runs does.
@@ -725,8 +728,9 @@ history AS (
 )
 -- The steps as read before this statement, with what it just settled laid over them.
 SELECT q.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
-       s.attempt, s.output, coalesce(rv.error, s.error) AS error, s.wake_at, s.callback_id,
-       s.child_run_id,
+       s.attempt, CASE WHEN s.output_bytes > $3::integer THEN NULL ELSE s.output END AS output,
+       s.output_bytes, s.output_digest, coalesce(rv.error, s.error) AS error, s.wake_at,
+       s.callback_id, s.child_run_id,
        CASE WHEN rv.kind = 'callback' THEN 'timedOut'
             ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
        END AS callback_status,
@@ -1051,6 +1055,35 @@ WHERE run_id = $1
 
 -- name: run_trigger
 SELECT trigger FROM runs WHERE id = $1;
+
+-- name: step_result
+-- The JSON text of the result of run $1's step at position $4, for its invocation $2 holding
+-- lease $3 (the SDK fetches a large result by reference): no row when that invocation does not
+-- hold the run; found is false when no step is there.
+SELECT s.output::text AS output, s.run_id IS NOT NULL AS found
+FROM runs r LEFT JOIN steps s ON s.run_id = r.id AND s.position = $4
+WHERE r.id = $1 AND r.invocation_id = $2 AND r.lease_token = $3
+  AND r.status IN ('running', 'cancelling');
+
+-- name: continue_run
+-- The invocation of run $1 holding lease $2 continued as new with input $3: the run's next
+-- generation starts, due now, with no steps (the history keeps what they did; callbacks still
+-- pending are cancelled). Answers the new generation; no row when the lease was lost.
+WITH r AS (
+    UPDATE runs SET
+        input = $3::jsonb, generation = generation + 1, lease_token = NULL, lease_owner = NULL,
+        invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), version = version + 1
+    WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
+    RETURNING id, generation
+),
+dropped AS (
+    DELETE FROM steps s USING r WHERE s.run_id = r.id RETURNING s.callback_id
+),
+callbacks_cancelled AS (
+    UPDATE callbacks c SET status = 'cancelled', completed_at = now()
+    FROM dropped WHERE c.id = dropped.callback_id AND c.status = 'pending'
+)
+SELECT generation, (SELECT count(*) FROM dropped) AS steps FROM r;
 
 -- name: step_position
 SELECT position FROM steps WHERE run_id = $1 AND name = $2;

@@ -128,6 +128,7 @@ CREATE TABLE runs (
     priority smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
     rate_key text,
     pull boolean NOT NULL DEFAULT false,
+    generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -148,6 +149,7 @@ COMMENT ON COLUMN runs.logs_dropped IS 'Log lines dropped past the cap (1,000 li
 COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 COMMENT ON COLUMN runs.priority IS 'Among due runs of a workflow, higher priority is claimed first (-100 to 100, default 0).';
 COMMENT ON COLUMN runs.rate_key IS 'The value of the workflow''s rate limit key field in the input: the limit counts starts per value (NULL: the field is missing, or the limit has no key).';
+COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
@@ -184,8 +186,12 @@ CREATE TABLE steps (
     child_run_id uuid,
     event_name text,
     match jsonb,
+    output_bytes integer GENERATED ALWAYS AS (octet_length(output::text)) STORED,
+    output_digest text GENERATED ALWAYS AS (md5(output::text)) STORED,
     PRIMARY KEY (run_id, name)
 );
+COMMENT ON COLUMN steps.output_bytes IS 'Bytes of the result''s JSON text (NULL without one): large results are sent to the app by reference.';
+COMMENT ON COLUMN steps.output_digest IS 'MD5 of the result''s JSON text, so the SDK can check a result it fetched by reference.';
 CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
 
 CREATE TABLE callbacks (
