@@ -71,6 +71,14 @@ def details(row: JSON) -> str:
         for query, scans in (x.get("plans") or {}).items():
             seq = [s for s in scans if s.startswith("Seq Scan")]
             parts.append(f"{query}: {'; '.join(seq) if seq else 'index scans only'}")
+    elif name == "sweep":
+        during = "during" if x.get("ended_during_workloads") else "after"
+        parts.append(
+            f"{x.get('runs', 0):,} runs past retention deleted in {x.get('took_s')} s, "
+            f"ended {during} the workloads"
+        )
+        for workload, ratio in (x.get("sweep_vs_empty") or {}).items():
+            parts.append(f"{workload} x{ratio['steps_per_s']} steps/s x{ratio['p50_ms']} p50")
     elif name == "idle":
         per_min = x.get("cpu_s_per_min") or {}
         rss = x.get("rss_mb_end") or {}

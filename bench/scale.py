@@ -5,7 +5,9 @@ on the full database."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -13,15 +15,17 @@ import asyncpg
 
 from bench import workloads
 from bench.workloads import Bench, Result
+from stepline_server.loops import sweeper
+from stepline_server.store import db
 from stepline_server.store.db import Q
 
 # A fresh table of ids, then each table filled from it in one statement. The ids are
 # time-ordered like the orchestrator's (UUIDv7 of the run's creation: run g was created g + 1
-# seconds ago).
+# seconds ago, and ended g seconds ago; $2 seconds older still for the runs the sweep deletes).
 _IDS = """
 CREATE TEMP TABLE fill_ids ON COMMIT DROP AS
-SELECT (lpad(to_hex(((extract(epoch FROM now()) - g - 1) * 1000)::bigint), 12, '0') || '7'
-        || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id, g
+SELECT (lpad(to_hex(((extract(epoch FROM now()) - g - 1 - $2) * 1000)::bigint), 12, '0') || '7'
+        || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id, g + $2::int AS g
 FROM generate_series(1, $1::int) g, LATERAL (SELECT md5(random()::text || g) AS h) r"""
 _ENDED_RUNS = """
 INSERT INTO runs (id, project_id, app_id, workflow, status, input, output, created_at,
@@ -76,7 +80,7 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
             if n <= 0:
                 continue
             async with conn.transaction():
-                await conn.execute(_IDS, n)
+                await conn.execute(_IDS, n, 0)
                 await conn.execute(statements[0], app["project_id"], app["id"])
                 for sql in statements[1:]:
                     await conn.execute(sql, app["project_id"])
@@ -129,13 +133,28 @@ def _literal(value: Any) -> str:
 
 async def scale(bench: Bench, dsn: str, runs: int, steps: int, sleep_ms: int, ended: int,
                 sleeping: int) -> list[Result]:  # fmt: skip
-    """The core workloads before and after the fill, each row named for its database."""
+    """The core workloads before and after the fill, and again while the sweeper deletes a day
+    of runs past their retention; each row named for its database."""
     before = await _core(bench, runs, steps, sleep_ms)
     filled = await fill(dsn, ended, sleeping)
     after = await _core(bench, runs, steps, sleep_ms)
+    old = min(ended, _DAY)
+    await add_expired(dsn, old)
+    sweeping, swept = await _while_sweeping(dsn, _core(bench, runs, steps, sleep_ms))
     label = f"@{_short(ended)}+{_short(sleeping)}"
     rows = [replace(r, name=r.name + "@empty") for r in before]
     rows += [replace(r, name=r.name + label) for r in after]
+    rows += [replace(r, name=r.name + "@sweep") for r in sweeping]
+    fill_extra = {**filled, "after_vs_empty": _ratios(rows, before, label)}
+    sweep_extra = {**swept, "sweep_vs_empty": _ratios(rows, before, "@sweep")}
+    n = ended + sleeping
+    rows.append(Result("fill", n, n, filled["fill_s"], 0, [], extra=fill_extra))
+    rows.append(Result("sweep", old, swept["runs"], swept["took_s"], 0, [], extra=sweep_extra))
+    return rows
+
+
+def _ratios(rows: list[Result], before: list[Result], label: str) -> dict[str, Any]:
+    """Each core workload's steps/s and p50 on the database ``label`` names ÷ on the empty one."""
     by_name = {r.name: r for r in rows}
     ratios = {}
     for r in before:
@@ -145,9 +164,53 @@ async def scale(bench: Bench, dsn: str, runs: int, steps: int, sleep_ms: int, en
             "steps_per_s": round(b["steps_per_s"] / max(a["steps_per_s"], 1e-9), 2),
             "p50_ms": round(p50_b / max(p50_a, 1e-9), 2),
         }
-    rows.append(Result("fill", ended + sleeping, ended + sleeping, filled["fill_s"], 0, [],
-                       extra={**filled, "after_vs_empty": ratios}))  # fmt: skip
-    return rows
+    return ratios
+
+
+_DAY = 86_400  # runs: the fill's runs end one a second
+_RETENTION_DAYS = 30.0  # the orchestrator's default (STEPLINE_RETENTION_DAYS)
+
+
+async def add_expired(dsn: str, n: int) -> None:
+    """Add ``n`` ended runs (with their steps and history) that ended just past the retention,
+    one a second: the sweeper's next sweep deletes them all."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        app = await conn.fetchrow(
+            "SELECT id, project_id FROM apps ORDER BY created_at DESC LIMIT 1"
+        )
+        async with conn.transaction():
+            await conn.execute(_IDS, n, int(_RETENTION_DAYS * _DAY) + 60)
+            await conn.execute(_ENDED_RUNS, app["project_id"], app["id"])
+            for sql in (_ENDED_STEPS, _ENDED_EVENTS):
+                await conn.execute(sql, app["project_id"])
+        await conn.execute("VACUUM (ANALYZE) runs, steps, run_events")
+    finally:
+        await conn.close()
+
+
+async def _while_sweeping(
+    dsn: str, work: Coroutine[Any, Any, list[Result]]
+) -> tuple[list[Result], dict[str, Any]]:
+    """Run ``work`` while one sweep (the sweeper's own code) deletes what is past retention;
+    what the sweep deleted, how long it took, and whether it ended before the work did."""
+    pool = await db.create_pool(dsn)
+    try:
+        t0 = time.monotonic()
+        ended_at: list[float] = []
+        sweep = asyncio.create_task(sweeper.sweep_once(pool, _RETENTION_DAYS))
+        sweep.add_done_callback(lambda _: ended_at.append(time.monotonic()))
+        results = await work
+        during = sweep.done()
+        done = await sweep
+        return results, {
+            "runs": done.runs,
+            "history": done.history,
+            "took_s": round(ended_at[0] - t0, 1),
+            "ended_during_workloads": during,
+        }
+    finally:
+        await pool.close()
 
 
 async def _core(bench: Bench, runs: int, steps: int, sleep_ms: int) -> list[Result]:

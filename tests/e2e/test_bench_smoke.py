@@ -86,7 +86,8 @@ def test_the_scale_workload_runs_before_and_after_filling_the_database(
     database_url: str, tmp_path: Path
 ) -> None:
     """`--workloads scale` at a tiny size: the core workloads on the database as it was and
-    after the fill, every run completed, and the claim reads runs through an index."""
+    after the fill, and while the sweeper deletes runs past retention; every run completed,
+    every expired run deleted, and the claim reads runs through an index."""
     out = tmp_path / "scale.json"
     argv = [sys.executable, "-m", "bench", "--workloads=scale", "--runs=5", "--steps=3",
             "--sleep-ms=200", "--scale-ended=3000", "--scale-sleeping=300", "--timeout=60",
@@ -95,10 +96,15 @@ def test_the_scale_workload_runs_before_and_after_filling_the_database(
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     rows = {row["workload"]: row for row in json.loads(out.read_text())["workloads"]}
     core = ["steps", "steps-1", "sleep", "callback"]
-    assert set(rows) == {f"{w}@{db}" for w in core for db in ("empty", "3k+300")} | {"fill"}
+    dbs = ("empty", "3k+300", "sweep")
+    assert set(rows) == {f"{w}@{db}" for w in core for db in dbs} | {"fill", "sweep"}
     for name, row in rows.items():
         assert row["runs_completed"] == row["runs_attempted"] > 0, name
     fill = rows["fill"]["extra"]
     assert fill["ended"] == 3000 and fill["sleeping"] == 300
     assert not any(s.startswith("Seq Scan on runs") for s in fill["plans"]["claim_due"])
     assert set(fill["after_vs_empty"]) == set(core)
+    sweep = rows["sweep"]
+    # every run added past retention was deleted by the sweep while the workloads ran on
+    assert sweep["runs_attempted"] == sweep["runs_completed"] == 3000
+    assert set(sweep["extra"]["sweep_vs_empty"]) == set(core)
