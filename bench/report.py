@@ -72,10 +72,10 @@ def details(row: JSON) -> str:
             seq = [s for s in scans if s.startswith("Seq Scan")]
             parts.append(f"{query}: {'; '.join(seq) if seq else 'index scans only'}")
     elif name == "sweep":
-        during = "during" if x.get("ended_during_workloads") else "after"
         parts.append(
-            f"{x.get('runs', 0):,} runs past retention deleted in {x.get('took_s')} s, "
-            f"ended {during} the workloads"
+            f"{x.get('runs', 0):,} runs past retention deleted in {x.get('took_s')} s "
+            f"({x.get('during_workloads', 0):,} while the workloads ran; sweeper duty "
+            f"{x.get('duty')})"
         )
         for workload, ratio in (x.get("sweep_vs_empty") or {}).items():
             parts.append(f"{workload} x{ratio['steps_per_s']} steps/s x{ratio['p50_ms']} p50")

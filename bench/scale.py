@@ -168,6 +168,7 @@ def _ratios(rows: list[Result], before: list[Result], label: str) -> dict[str, A
 
 
 _DAY = 86_400  # runs: the fill's runs end one a second
+_EXPIRED = "SELECT count(*) FROM runs WHERE ended_at < now() - $1::float8 * interval '1 day'"
 _RETENTION_DAYS = 30.0  # the orchestrator's default (STEPLINE_RETENTION_DAYS)
 
 
@@ -192,22 +193,25 @@ async def add_expired(dsn: str, n: int) -> None:
 async def _while_sweeping(
     dsn: str, work: Coroutine[Any, Any, list[Result]]
 ) -> tuple[list[Result], dict[str, Any]]:
-    """Run ``work`` while one sweep (the sweeper's own code) deletes what is past retention;
-    what the sweep deleted, how long it took, and whether it ended before the work did."""
+    """Run ``work`` while a sweep (the sweeper's own code, beside the orchestrator's sweeper
+    passing every minute) deletes what is past retention: how many runs past retention were
+    deleted while the work ran, and how long until none was left."""
     pool = await db.create_pool(dsn)
     try:
+        async with pool.acquire() as conn:
+            expired = await conn.fetchval(_EXPIRED, _RETENTION_DAYS)
         t0 = time.monotonic()
-        ended_at: list[float] = []
         sweep = asyncio.create_task(sweeper.sweep_once(pool, _RETENTION_DAYS))
-        sweep.add_done_callback(lambda _: ended_at.append(time.monotonic()))
         results = await work
-        during = sweep.done()
-        done = await sweep
+        async with pool.acquire() as conn:
+            during = expired - await conn.fetchval(_EXPIRED, _RETENTION_DAYS)
+            await sweep
+            left = await conn.fetchval(_EXPIRED, _RETENTION_DAYS)
         return results, {
-            "runs": done.runs,
-            "history": done.history,
-            "took_s": round(ended_at[0] - t0, 1),
-            "ended_during_workloads": during,
+            "runs": expired - left,
+            "during_workloads": during,
+            "took_s": round(time.monotonic() - t0, 1),
+            "duty": sweeper.SWEEP_DUTY,
         }
     finally:
         await pool.close()

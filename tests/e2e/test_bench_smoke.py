@@ -105,6 +105,7 @@ def test_the_scale_workload_runs_before_and_after_filling_the_database(
     assert not any(s.startswith("Seq Scan on runs") for s in fill["plans"]["claim_due"])
     assert set(fill["after_vs_empty"]) == set(core)
     sweep = rows["sweep"]
-    # every run added past retention was deleted by the sweep while the workloads ran on
+    # every run added past retention was deleted, while the workloads ran or just after
     assert sweep["runs_attempted"] == sweep["runs_completed"] == 3000
+    assert 0 <= sweep["extra"]["during_workloads"] <= 3000
     assert set(sweep["extra"]["sweep_vs_empty"]) == set(core)
