@@ -80,6 +80,14 @@ def build_app(state: dict[str, bool]) -> stepline.Stepline:
         await ctx.sleep("nap", "10ms")
         ctx.log.error("after the nap")
 
+    @sl.workflow("renewing")
+    async def renewing(ctx: stepline.Context, input: Any) -> Any:
+        n = int(input or 0)
+        await ctx.step("count", lambda: n)
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return n
+
     @sl.workflow("echo-html")
     async def echo_html(ctx: stepline.Context, input: Any) -> Any:
         return await ctx.step("render", lambda: {"html": HTML})
@@ -270,6 +278,18 @@ async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: En
     assert await page.evaluate("window.pwned") is None
     await page.goto(f"{env.stack.url}/ui/schedules")
     assert "90000ms" in await page.inner_text("td.sla")
+
+
+async def test_the_run_page_says_which_generation_a_continued_run_is_in(env: Env) -> None:
+    """A run that continued as new twice shows generation 3 and only that generation's
+    steps."""
+    run = await env.client.start_run("renewing", 0)
+    done = await env.client.wait_run(run["id"], timeout=20)
+    assert done["status"] == "completed" and done["generation"] == 3
+    await env.sign_in()
+    await env.page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert (await env.page.inner_text("#run-generation")).startswith("3 (continued as new 2 times")
+    assert await env.page.locator("#history-warning").count() == 0
 
 
 async def test_pages_read_without_javascript(env: Env) -> None:

@@ -111,6 +111,8 @@ def run_lines(run: dict[str, Any]) -> list[str]:
             lines.append(f"{label:<9} {run[key]}")
     if run.get("trigger"):
         lines.append(f"trigger   {run['trigger']}")
+    if (run.get("generation") or 1) > 1:
+        lines.append(f"generation {run['generation']} (the steps are this generation's)")
     if run.get("deploymentId"):
         lines.append(f"deployment {run['deploymentId']}")
     if run.get("scheduledAt"):
@@ -123,6 +125,8 @@ def run_lines(run: dict[str, Any]) -> list[str]:
     if run.get("output") is not None:
         lines.append(f"output    {cell(run['output'])}")
     lines.extend(error_lines(run.get("error"), indent=""))
+    if (run.get("history") or {}).get("warning"):
+        lines.append(f"history   {run['history']['warning']}")
     if run.get("logLines") or run.get("logsDropped"):
         dropped = f", {run['logsDropped']} dropped past the cap" if run.get("logsDropped") else ""
         lines.append(f"logs      {run.get('logLines', 0)} lines{dropped} (stepline runs logs ID)")
