@@ -163,3 +163,35 @@ async def test_held_runs_go_as_slots_free_oldest_first(database_url: str) -> Non
         assert await conn.fetchval("SELECT held FROM runs WHERE id = $1", others[1])
     finally:
         await conn.close()
+
+
+async def test_deleting_an_app_waits_for_its_runs_in_id_order_and_never_deadlocks(
+    database_url: str,
+) -> None:
+    """An app is deleted while an invocation's end holds one of its runs and then locks
+    another (runs are always locked in id order): the delete waits for the first run without
+    taking the second, the end commits, then the delete takes the app and every run with it.
+    (Deleted by cascade in the order the rows lie, the later run was taken first: a deadlock.)"""
+    owner, deleter, watcher = await connections(database_url, 3)
+    try:
+        await keys.bootstrap(owner)
+        app = await apps.create(owner, PROJECT, "a", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(owner, app, [("wf", {})], None)
+        low, high = uuid.UUID(int=1), uuid.UUID(int=2**127)
+        for run_id in (high, low):  # the higher id lies first in the table
+            await runs.insert(owner, runs.NewRun(run_id, PROJECT, "wf", None))
+        tx = owner.transaction()
+        await tx.start()
+        touch = "UPDATE runs SET invoke_attempts = invoke_attempts + 1 WHERE id = $1"
+        await owner.execute(touch, low)
+        pid = await deleter.fetchval("SELECT pg_backend_pid()")
+        deleting = asyncio.ensure_future(apps.delete(deleter, PROJECT, app["id"]))
+        assert await blocked_or_done(watcher, pid, deleting)
+        await owner.execute(touch, high)  # would deadlock if the delete held the higher run
+        await tx.commit()
+        await deleting
+        assert await owner.fetchval("SELECT count(*) FROM runs WHERE app_id = $1", app["id"]) == 0
+        assert await apps.get_by_name(owner, PROJECT, "a") is None
+    finally:
+        for conn in (owner, deleter, watcher):
+            await conn.close()

@@ -101,7 +101,13 @@ WHERE project_id = $1 AND id = $2
 RETURNING *;
 
 -- name: delete_app
-DELETE FROM apps WHERE project_id = $1 AND id = $2;
+-- Deletes app $2 of project $1 with its workflows and runs (by cascade). The runs are locked in
+-- id order first, as every statement that locks several runs does, so the cascade never
+-- deadlocks with a group commit or an invocation's end holding some of them.
+WITH locked AS (
+    SELECT id FROM runs WHERE app_id = $2 AND project_id = $1 ORDER BY id FOR UPDATE
+)
+DELETE FROM apps WHERE project_id = $1 AND id = $2 AND (SELECT count(*) FROM locked) >= 0;
 
 -- name: app_synced
 UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
