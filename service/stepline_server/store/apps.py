@@ -85,7 +85,10 @@ async def update(
 
 
 async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
-    await conn.execute(Q["delete_app"], project_id, app_id)
+    """Delete the app with its workflows and runs, its runs locked in id order first."""
+    async with conn.transaction():
+        await conn.execute(Q["lock_app_runs"], project_id, app_id)
+        await conn.execute(Q["delete_app"], project_id, app_id)
 
 
 async def record_sync(

@@ -100,14 +100,15 @@ UPDATE apps SET url = coalesce($3, url), name = coalesce($4, name), updated_at =
 WHERE project_id = $1 AND id = $2
 RETURNING *;
 
--- name: delete_app
--- Deletes app $2 of project $1 with its workflows and runs (by cascade). The runs are locked in
--- id order first, as every statement that locks several runs does, so the cascade never
+-- name: lock_app_runs
+-- Locks the runs of app $2 of project $1 in id order, as every statement that locks several
+-- runs does, so deleting the app (whose cascade takes them in the order they lie) never
 -- deadlocks with a group commit or an invocation's end holding some of them.
-WITH locked AS (
-    SELECT id FROM runs WHERE app_id = $2 AND project_id = $1 ORDER BY id FOR UPDATE
-)
-DELETE FROM apps WHERE project_id = $1 AND id = $2 AND (SELECT count(*) FROM locked) >= 0;
+SELECT id FROM runs WHERE app_id = $2 AND project_id = $1 ORDER BY id FOR UPDATE;
+
+-- name: delete_app
+-- Deletes app $2 of project $1 with its workflows and runs (by cascade).
+DELETE FROM apps WHERE project_id = $1 AND id = $2;
 
 -- name: app_synced
 UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
