@@ -32,6 +32,7 @@ from stepline._errors import (
     _ContinueAsNew,
     _Suspended,
 )
+from stepline._history import thaw
 from stepline._logs import LogBuffer, RunLog
 from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
@@ -117,6 +118,7 @@ class Context:
         self.fatal: SteplineError | None = None
         self._fetch = fetch
         self.fetching: set[asyncio.Task[Any]] = set()  # results being fetched by reference
+        self._fetched: dict[str, Any] = {}  # results fetched by reference, by step name
         self.lost: Exception | None = None  # a fetch failed: the invocation cannot go on
         self.continued: _ContinueAsNew | None = None
         self._met = 0  # recorded steps reached so far
@@ -327,7 +329,9 @@ class Context:
     async def _output(self, record: protocol.StepRecord) -> Any:
         """A completed step's result: inline, or fetched once by reference."""
         if record.output_ref is None:
-            return record.output
+            return thaw(record.output)  # records are kept between invocations: never shared
+        if record.name in self._fetched:
+            return self._fetched[record.name]
         if self._fetch is None:
             raise RuntimeError(f"the result of step {record.name!r} came by reference")
         task = asyncio.ensure_future(self._fetch(record))
@@ -346,7 +350,7 @@ class Context:
             raise _Suspended() from None
         finally:
             self.activity += 1
-        record.output, record.output_ref = value, None  # read again: no second fetch
+        self._fetched[record.name] = value  # read again: no second fetch
         return value
 
     def _enter(self, name: str, kind: StepKind) -> protocol.StepRecord | None:

@@ -28,6 +28,7 @@ from stepline._errors import (
     TerminalError,
     error_info,
 )
+from stepline._history import thaw
 from stepline._logs import capturing
 from stepline._transport import ProgressSender, StaleInvocation
 from stepline._workflow import WorkflowDef
@@ -216,7 +217,8 @@ class Invocation:
             self._step_failed(op, info)
             return
         self._push(op, Action.COMPLETE, output=value)
-        self._resolve(op.future, value)
+        # The workflow gets its own copy: what it does to it never changes what is recorded.
+        self._resolve(op.future, thaw(value))
 
     def _step_raised(self, op: _Op, exc: Exception) -> None:
         info = error_info(exc)

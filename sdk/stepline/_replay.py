@@ -100,6 +100,10 @@ class _NoProgress:
         """The history a replay check fetched carries every result inline."""
         return record.output
 
+    async def history(self, request: protocol.InvokeRequest) -> list[protocol.StepRecord]:
+        """The history a replay check fetched is whole."""
+        return list(request.steps)
+
 
 class _ReplayContext(Context):
     """The invocation's Context, noting the kind of each operation the code makes."""

@@ -5,7 +5,9 @@ a :class:`~stepline.protocol.ProgressRequest`. A ``409`` means another invocatio
 (:class:`StaleInvocation`); network errors and ``5xx`` are retried a few times, then reported as
 :class:`OrchestratorUnavailable` (the handler answers ``503`` and the orchestrator retries).
 A large step result that came by reference is fetched the same way, by
-``GET {apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``.
+``GET {apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``, and so is a
+run's whole history when an invocation built on one the SDK did not keep, by
+``GET {apiUrl}/v1/invocations/{invocationId}/steps?runId={runId}``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import pydantic
@@ -31,6 +34,13 @@ class StaleInvocation(Exception):
 
 class OrchestratorUnavailable(Exception):
     """Progress calls kept failing; the invocation cannot go on."""
+
+
+class _TryAgain(Exception):
+    """An answer that may be right on another try (a result that does not match its digest)."""
+
+
+_T = TypeVar("_T")
 
 
 class ProgressSender(Protocol):
@@ -52,6 +62,10 @@ class ProgressSender(Protocol):
 
     async def result(self, request: protocol.InvokeRequest, record: protocol.StepRecord) -> Any:
         """The result of ``record``, a step whose result came by reference (``outputRef``)."""
+        ...
+
+    async def history(self, request: protocol.InvokeRequest) -> list[protocol.StepRecord]:
+        """The whole history of the run of invocation ``request``, as it stands."""
         ...
 
 
@@ -107,11 +121,40 @@ class Transport:
         ref = record.output_ref
         if ref is None:
             return record.output
+
+        def check(answer: bytes) -> Any:
+            digest = "md5:" + hashlib.md5(answer, usedforsecurity=False).hexdigest()
+            if len(answer) != ref.size or digest != ref.digest:
+                raise _TryAgain(f"the result of step {record.name!r} does not match its reference")
+            return _json.loads(answer)
+
+        path = f"/results/{record.position}?runId={request.run_id}"
+        return await self._fetch(request, path, "a result", check)
+
+    async def history(self, request: protocol.InvokeRequest) -> list[protocol.StepRecord]:
+        """GET the run's whole history for the invocation; retry transient failures; raise on
+        a stale or lost orchestrator."""
+
+        def parse(answer: bytes) -> list[protocol.StepRecord]:
+            try:
+                return protocol.HistoryResponse.model_validate_json(answer).steps
+            except (ValueError, pydantic.ValidationError) as exc:
+                raise OrchestratorUnavailable(f"the history fetched is not valid: {exc}") from None
+
+        return await self._fetch(request, f"/steps?runId={request.run_id}", "the history", parse)
+
+    async def _fetch(
+        self,
+        request: protocol.InvokeRequest,
+        path: str,
+        what: str,
+        parse: Callable[[bytes], _T],
+    ) -> _T:
+        """GET ``{apiUrl}/v1/invocations/{invocationId}{path}`` with the invocation's token and
+        ``parse`` the answer; network errors, 5xx and answers ``parse`` wants again are tried
+        again; 409 is :class:`StaleInvocation`, anything else :class:`OrchestratorUnavailable`."""
         base = request.api_url.rstrip("/")
-        url = (
-            f"{base}/v1/invocations/{request.invocation_id}/results/{record.position}"
-            f"?runId={request.run_id}"
-        )
+        url = f"{base}/v1/invocations/{request.invocation_id}{path}"
         headers = {"Authorization": f"Bearer {request.token}"}
         problem = "no attempt made"
         for attempt in range(self.retries + 1):
@@ -129,15 +172,12 @@ class Transport:
                 continue
             if status != 200:
                 text = answer[:500].decode("utf-8", "replace")
-                raise OrchestratorUnavailable(f"result fetch refused with HTTP {status}: {text}")
-            digest = "md5:" + hashlib.md5(answer, usedforsecurity=False).hexdigest()
-            if len(answer) != ref.size or digest != ref.digest:
-                problem = f"the result of step {record.name!r} does not match its reference"
-                continue
-            return _json.loads(answer)
-        raise OrchestratorUnavailable(
-            f"fetching a result failed {self.retries + 1} times: {problem}"
-        )
+                raise OrchestratorUnavailable(f"{what} was refused with HTTP {status}: {text}")
+            try:
+                return parse(answer)
+            except _TryAgain as exc:
+                problem = str(exc)
+        raise OrchestratorUnavailable(f"fetching {what} failed {self.retries + 1} times: {problem}")
 
     async def progress(
         self,

@@ -14,7 +14,8 @@ import httpx
 from stepline import protocol
 from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
-from stepline._transport import Transport
+from stepline._history import DEFAULT_MAX_BYTES, HistoryCache
+from stepline._transport import StaleInvocation, Transport
 from stepline._types import Signature, signature_of
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 WORKFLOW_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_GOES_ON = (protocol.InvokeStatus.SUSPENDED, protocol.InvokeStatus.STALE)
+"""Answers after which the run is invoked again in the same generation: its history is kept."""
 
 WorkflowFn = Callable[["Context", Any], Awaitable[Any]]
 F = TypeVar("F", bound=WorkflowFn)
@@ -163,6 +166,8 @@ class Stepline:
     progress calls to the orchestrator (default: one shared keep-alive client, made lazily).
     ``deployment_id``: sent with every answer; default ``STEPLINE_DEPLOYMENT_ID``, else the
     hosting platform's id, else one derived from the workflows' source (``code-…``).
+    ``history_cache_bytes``: how much of its runs' histories the app keeps between invocations
+    (default 64 MiB), so each invocation brings only the steps that changed; 0 keeps none.
     """
 
     def __init__(
@@ -171,8 +176,10 @@ class Stepline:
         *,
         deployment_id: str | None = None,
         http_client: httpx.AsyncClient | None = None,
+        history_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
+        self.histories = HistoryCache(history_cache_bytes)
         self._named_deployment_id = deployment_id or detect_deployment_id()
         self._code_deployment_id: str | None = None  # derived when first needed
         self.transport = Transport(http_client)
@@ -298,7 +305,13 @@ class Stepline:
         definition = self._workflows.get(request.workflow)
         if definition is None:
             raise LookupError(f"workflow {request.workflow!r} is not registered in this app")
+        try:
+            request = await self.histories.complete(request, self.transport.history)
+        except StaleInvocation:
+            return protocol.InvokeResponse(status=protocol.InvokeStatus.STALE)
         response = await Invocation(definition, request, self.transport, traceparent).run()
+        if response.status not in _GOES_ON:
+            self.histories.forget(request.run_id)  # the run ended or starts a new generation
         response.deployment_id = self.deployment_id
         return response
 

@@ -13,6 +13,10 @@ Three exchanges (see docs/protocol.md):
 - ``result``: a step result over 256 KiB comes in the invocation as an :class:`OutputRef`;
   the SDK GETs ``{apiUrl}/v1/invocations/{invocationId}/results/{position}?runId={runId}``
   with the same token when the workflow reads it, and the answer is the result's JSON.
+- ``steps``: an invocation with ``historyBase`` carries only the steps that changed since that
+  invocation's history; an SDK that did not keep it GETs
+  ``{apiUrl}/v1/invocations/{invocationId}/steps?runId={runId}`` with the same token, and the
+  answer is a :class:`HistoryResponse`.
 
 Log lines (:class:`LogLine`) written since the last call travel with the next progress call or
 the invocation's answer, so they are committed with the steps they belong to.
@@ -144,6 +148,16 @@ class InvokeRequest(_Model):
     cancel_requested: bool = Field(default=False, alias="cancelRequested")
     steps: list[StepRecord] = Field(default_factory=list)
     generation: int = 1  # counts from 1; each continue_as_new starts the next, with no steps
+    history_base: str | None = Field(default=None, alias="historyBase")
+    """Set when ``steps`` holds only what changed since the history invocation ``historyBase``
+    brought (the steps written since, the open ones, those just settled): the SDK lays them
+    over that history, or fetches the whole one when it did not keep it."""
+
+
+class HistoryResponse(_Model):
+    """The orchestrator's answer to the SDK's fetch of a run's whole history."""
+
+    steps: list[StepRecord] = Field(default_factory=list)
 
 
 class DescribeRequest(_Model):

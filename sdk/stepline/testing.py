@@ -89,6 +89,10 @@ class _MemoryRun:
         """Results are kept inline in memory: never asked for."""
         return record.output
 
+    async def history(self, request: protocol.InvokeRequest) -> list[StepRecord]:
+        """Every invocation here carries the whole history: never asked for."""
+        return list(request.steps)
+
     def keep_logs(self, lines: list[protocol.LogLine], dropped: int) -> None:
         """Keep log lines as the orchestrator does: up to the run's cap, then none newer (the
         SDK's ``dropped`` lines are newer than ``lines``)."""

@@ -27,6 +27,7 @@ NOT_BY_KEY = {
     "completeCallbackSigned",
     "reportProgress",
     "getStepResult",
+    "getInvocationSteps",
     "beatInvocation",
     "answerInvocation",
 }

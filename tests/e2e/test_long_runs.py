@@ -277,3 +277,25 @@ async def test_the_result_route_refuses_what_it_cannot_answer(database_url: str)
     assert "position" in bad_position.json()["error"]["details"]["fields"]
     assert bad_run.status_code == 422
     assert "runId" in bad_run.json()["error"]["details"]["fields"]
+
+
+async def test_the_history_route_refuses_what_it_cannot_answer(database_url: str) -> None:
+    """The SDK's fetch of a whole history: without the invocation's token 401, for an
+    invocation that holds no run 409 stale_invocation, for a run id that is not one 422 naming
+    it; each in the error shape."""
+    invocation = "6f1c2a9e-0d7b-4c53-9a43-1b2c3d4e5f61"
+    run_id = "0b7f6d0e-3c1a-4a55-9a57-2f3c8e2f1a11"
+    async with orchestrator_stack(database_url) as stack:
+        token = stack.orchestrator.signer.invocation_token(invocation, "some-lease")
+        good = {"Authorization": f"Bearer {token}"}
+        url = f"{stack.url}/v1/invocations/{invocation}/steps"
+        async with httpx.AsyncClient(timeout=10) as http:
+            no_token = await http.get(f"{url}?runId={run_id}")
+            stale = await http.get(f"{url}?runId={run_id}", headers=good)
+            bad_run = await http.get(f"{url}?runId=nope", headers=good)
+            no_run = await http.get(url, headers=good)
+    assert (no_token.status_code, no_token.json()["error"]["code"]) == (401, "unauthorized")
+    assert (stale.status_code, stale.json()["error"]["code"]) == (409, "stale_invocation")
+    for refused in (bad_run, no_run):
+        assert refused.status_code == 422
+        assert "runId" in refused.json()["error"]["details"]["fields"]

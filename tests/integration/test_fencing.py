@@ -74,7 +74,8 @@ async def test_a_claim_gone_stale_begins_nothing(database_url: str) -> None:
         assert await dispatch.begin_invocations(conn, [stale]) == {}
         assert "invocation.started" not in await history(conn, item.run_id)
         fresh = dispatch.Begin(item.run_id, taken["lease_token"], taken["invocation_id"], 1)
-        assert await dispatch.begin_invocations(conn, [fresh]) == {item.run_id: []}
+        begun = await dispatch.begin_invocations(conn, [fresh])
+        assert list(begun) == [item.run_id] and begun[item.run_id].steps == []
         assert (await history(conn, item.run_id)).count("invocation.started") == 1
     finally:
         await conn.close()

@@ -195,3 +195,76 @@ async def test_deleting_an_app_waits_for_its_runs_in_id_order_and_never_deadlock
     finally:
         for conn in (owner, deleter, watcher):
             await conn.close()
+
+
+async def begin(conn: db.Conn, run_id: uuid.UUID) -> tuple[dispatch.Progress, dispatch.Begun]:
+    """Claim ``run_id`` (made due now) and begin its invocation: the lease and what it sends."""
+    await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+    [claim] = await dispatch.claim(conn, "test", 60, 1)
+    start = dispatch.Begin(run_id, claim["lease_token"], claim["invocation_id"], 1)
+    begun = (await dispatch.begin_invocations(conn, [start]))[run_id]
+    item = dispatch.Progress(
+        run_id, claim["lease_token"], claim["invocation_id"], plan_updates(str(run_id), [])
+    )
+    return item, begun
+
+
+async def suspend(conn: db.Conn, item: dispatch.Progress) -> None:
+    done = dispatch.Progress(
+        item.run_id,
+        item.token,
+        item.invocation_id,
+        item.plan,
+        outcome=dispatch.Outcome(status="suspended"),
+    )
+    assert await dispatch.commit(conn, [done])
+
+
+async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
+    database_url: str,
+) -> None:
+    """An event completes a wait in a transaction still open while the run's next invocation
+    begins (it waits for the run's lock; a later transaction committed before it began): that
+    invocation reads the wait as it stood, and the one after, which sends only what changed,
+    sends the completed wait with the event's data. Each invocation after the first names the
+    one it builds on."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        item = event_wait(await leased_run(first), "order.shipped")
+        assert await dispatch.apply_plan(first, item) is not None
+        await suspend(first, item)
+        whole_item, whole = await begin(first, item.run_id)
+        assert whole.history_base is None  # the first begun: every step
+        assert [(s["name"], s["status"]) for s in whole.steps] == [("wait", "waiting")]
+        await suspend(first, whole_item)
+
+        await first.execute("UPDATE runs SET ready_at = now() WHERE id = $1", item.run_id)
+        [claim] = await dispatch.claim(first, "test", 60, 1)
+        start = dispatch.Begin(item.run_id, claim["lease_token"], claim["invocation_id"], 1)
+        async with first.transaction():
+            await waits.send_event(first, PROJECT, "order.shipped", {"n": 7})
+            # A newer transaction ends first: the event's is still open below the snapshot's
+            # horizon when the invocation begins.
+            await watcher.execute("SELECT pg_current_xact_id()")
+            beginning = asyncio.ensure_future(dispatch.begin_invocations(second, [start]))
+            assert await blocked_or_done(watcher, second.get_server_pid(), beginning)
+        raced = (await beginning)[item.run_id]
+        assert raced.history_base == whole_item.invocation_id
+        assert [(s["name"], s["status"]) for s in raced.steps] == [("wait", "waiting")]
+        raced_item = dispatch.Progress(
+            item.run_id,
+            claim["lease_token"],
+            claim["invocation_id"],
+            plan_updates(str(item.run_id), []),
+        )
+        await suspend(first, raced_item)
+
+        _, after = await begin(first, item.run_id)
+        assert after.history_base == claim["invocation_id"]
+        assert [(s["name"], s["status"], s["output"]) for s in after.steps] == [
+            ("wait", "completed", {"n": 7})
+        ]
+        _, quiet = await begin(first, item.run_id)
+        assert quiet.steps == [] and (quiet.history_steps, quiet.history_bytes) == (1, 8)
+    finally:
+        await close_all(conns)

@@ -301,7 +301,7 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
                 )
             ],
         )
-        assert [(s["name"], s["status"], s["output"]) for s in steps[run_id]] == [
+        assert [(s["name"], s["status"], s["output"]) for s in steps[run_id].steps] == [
             ("cb", "completed", {"ok": 1})
         ]
         again = dispatch.Progress(
@@ -365,8 +365,8 @@ async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their
             dispatch.Begin(waiting, "other", uuid.uuid4(), 1),
         ]
         steps = await dispatch.begin_invocations(conn, begins, lead=5.0)
-        [nap] = steps[soon]
-        assert nap["status"] == "completed" and 0 < nap["wait_s"] <= 0.4
+        [nap] = steps[soon].steps
+        assert nap["status"] == "completed" and 0 < steps[soon].wait_s <= 0.4
         row = await conn.fetchrow(
             "SELECT wake_at, ended_at FROM steps WHERE run_id = $1 AND name = 'nap'", soon
         )
@@ -375,8 +375,8 @@ async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their
         assert [e["type"] for e in history][-2:] == ["step.completed", "invocation.started"]
         assert history[-2]["at"] == history[-1]["at"] == row["wake_at"]
 
-        [cb] = steps[waiting]
-        assert cb["status"] == "waiting" and cb["wait_s"] <= 0
+        [cb] = steps[waiting].steps
+        assert cb["status"] == "waiting" and steps[waiting].wait_s <= 0
         untouched = await conn.fetchval(
             "SELECT status::text FROM steps WHERE run_id = $1 AND name = 'nap'", later
         )

@@ -38,6 +38,7 @@ ROUTES: list[BaseRoute] = [
     Route(
         "/v1/invocations/{invocationId}/results/{position}", results.step_result, methods=["GET"]
     ),
+    Route("/v1/invocations/{invocationId}/steps", results.invocation_steps, methods=["GET"]),
     Route("/v1/invocations/{invocationId}/heartbeat", pull.heartbeat, methods=["POST"]),
     Route("/v1/invocations/{invocationId}/answer", pull.answer, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),

@@ -1,14 +1,15 @@
 """The ``invoke`` request's JSON, built straight from the claimed run and its step rows.
 
 It is what ``stepline.protocol.dump(InvokeRequest(...))`` gives (camelCase names, no null
-fields), without building and validating pydantic models for what the store itself wrote: an
-invocation replays every recorded step, so this runs once per step per invocation. A result
+fields), without building and validating pydantic models for what the store itself wrote: it
+runs once per step sent. A result
 the store did not read (over its inline limit) goes as an ``outputRef``: the app fetches it
 when replay reads it.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,8 +24,11 @@ def invoke_body(
     attempt: int,
     api_url: str,
     signer: CallbackSigner,
+    history_base: uuid.UUID | None = None,
 ) -> dict[str, Any]:
-    """The request for ``run`` (a claimed row) with its ``steps`` (rows in recorded order)."""
+    """The request for ``run`` (a claimed row) with its ``steps`` (rows in recorded order):
+    all of them, or with ``history_base`` only those that changed since the history invocation
+    ``history_base`` was sent (``historyBase``: the app lays them over the one it kept)."""
     body: dict[str, Any] = {
         "kind": "invoke",
         "runId": str(run["id"]),
@@ -35,15 +39,18 @@ def invoke_body(
         "apiUrl": api_url,
         "attempt": attempt,
         "cancelRequested": run["cancel_requested"],
-        "steps": [_step(s, api_url, signer) for s in steps],
+        "steps": [step_json(s, api_url, signer) for s in steps],
         "generation": run.get("generation") or 1,
     }
+    if history_base is not None:
+        body["historyBase"] = str(history_base)
     if body["input"] is None:
         del body["input"]
     return body
 
 
-def _step(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[str, Any]:
+def step_json(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[str, Any]:
+    """A step row as the app gets it (a ``StepRecord``)."""
     step: dict[str, Any] = {
         "name": row["name"],
         "kind": row["kind"],

@@ -133,7 +133,10 @@ class Dispatcher:
         invocation has begun (a new run: no steps yet), else it begins first."""
         self._inflight[claim["id"]] = claim["lease_token"]
         if begun:
-            self._spawn(self._handle(claim, []), f"invoke-{claim['id']}", frees_slot=True)
+            fresh = dispatch.Begun(
+                steps=[], wait_s=0.0, history_base=None, history_steps=0, history_bytes=0
+            )
+            self._spawn(self._handle(claim, fresh), f"invoke-{claim['id']}", frees_slot=True)
         else:
             self._queue_begin([claim])
 
@@ -247,7 +250,7 @@ class Dispatcher:
         again) and the answer is False."""
         asked = time.monotonic()
         try:
-            steps = await dispatch.begin_invocations(
+            begun = await dispatch.begin_invocations(
                 conn,
                 [
                     dispatch.Begin(
@@ -272,20 +275,21 @@ class Dispatcher:
                 self._not_before.pop(row["id"], None)
             return False
         for row in claimed:
-            if not row["past_deadline"] and row["id"] not in steps:
+            if not row["past_deadline"] and row["id"] not in begun:
                 # Its claim went stale before it began (another orchestrator holds the run now):
                 # the app is not called.
                 self._inflight.pop(row["id"], None)
                 self._not_before.pop(row["id"], None)
                 log.info("begin_stale", run_id=str(row["id"]))
                 continue
-            run_steps = steps.get(row["id"], [])
-            timers = [asked - s["late_s"] for s in run_steps if s["late_s"] is not None]
+            run = begun.get(row["id"])
+            settled = run.steps if run is not None else []
+            timers = [asked - s["late_s"] for s in settled if s["late_s"] is not None]
             self._timers[row["id"]] = timers  # how late each fired is measured at the call
             not_before = self._not_before.pop(row["id"], 0.0)
-            if run_steps and run_steps[0]["wait_s"] > 0:
-                not_before = max(not_before, asked + run_steps[0]["wait_s"])
-            invocation = self._handle(row, run_steps, not_before)
+            if run is not None and run.wait_s > 0:
+                not_before = max(not_before, asked + run.wait_s)
+            invocation = self._handle(row, run, not_before)
             self._spawn(invocation, f"invoke-{row['id']}", frees_slot=True)
         return True
 
@@ -341,12 +345,12 @@ class Dispatcher:
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
 
     async def _handle(
-        self, claim: Mapping[str, Any], steps: list[Record], not_before: float = 0.0
+        self, claim: Mapping[str, Any], begun: dispatch.Begun | None, not_before: float = 0.0
     ) -> None:
         run_id: uuid.UUID = claim["id"]
         structlog.contextvars.bind_contextvars(run_id=str(run_id))
         try:
-            await self._invoke(claim, steps, not_before)
+            await self._invoke(claim, begun, not_before)
         except Exception:
             log.exception("invocation_crashed")
         finally:
@@ -358,18 +362,19 @@ class Dispatcher:
             structlog.contextvars.unbind_contextvars("run_id")
 
     async def _invoke(
-        self, claim: Mapping[str, Any], steps: list[Record], not_before: float
+        self, claim: Mapping[str, Any], begun: dispatch.Begun | None, not_before: float
     ) -> None:
-        """Invoke the app for a claimed run whose invocation has begun (``steps`` as they are
-        now), not before ``not_before`` (monotonic), and record how the invocation ended."""
+        """Invoke the app for a claimed run whose invocation has begun (``begun``: what to
+        send; None for a run past its time limit), not before ``not_before`` (monotonic), and
+        record how the invocation ended."""
         run_id: uuid.UUID = claim["id"]
-        if claim["past_deadline"]:
+        if claim["past_deadline"] or begun is None:
             await self.time_out(claim)
             return
         attempt = claim["invoke_attempts"] + 1
         if claim["app_url"] is None:
             return
-        if await self.history_spent(claim, steps):
+        if await self.history_spent(claim, begun):
             return
         if (early := not_before - time.monotonic()) > 0:
             # Claimed and begun ahead of a sleep's end: call the app when it ends.
@@ -380,7 +385,12 @@ class Dispatcher:
             finally:
                 self._early -= 1
         body = invoke_body(
-            claim, steps, attempt=attempt, api_url=self.settings.base_url, signer=self.signer
+            claim,
+            begun.steps,
+            attempt=attempt,
+            api_url=self.settings.base_url,
+            signer=self.signer,
+            history_base=begun.history_base,
         )
         for due in self._timers.pop(run_id, ()):
             self.metrics.timer_late(time.monotonic() - due)
@@ -470,11 +480,11 @@ class Dispatcher:
         )
         return ok
 
-    async def history_spent(self, claim: Mapping[str, Any], steps: Sequence[Record]) -> bool:
+    async def history_spent(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> bool:
         """End the run ``failed`` (``history_limit_exceeded``) when its history is past the
         limit, instead of invoking it; warn near it."""
         limits = history.Limits(self.settings.history_max_steps, self.settings.history_max_bytes)
-        size = history.size_of(steps)
+        size = history.Size(begun.history_steps, begun.history_bytes)
         verdict = history.check(size, limits)
         if verdict.warning:
             log.warning("history_near_limit", steps=size.steps, bytes=size.bytes)

@@ -76,7 +76,7 @@ class PullInvocations:
         for row in overdue:  # a capped run past its time limit: it ends, no worker runs it
             await self.dispatcher.time_out(row)
         begin = [row for row in claimed if not row["past_deadline"]]
-        steps = await dispatch.begin_invocations(
+        begun = await dispatch.begin_invocations(
             conn,
             [
                 dispatch.Begin(
@@ -87,17 +87,19 @@ class PullInvocations:
         )
         bodies = []
         for row in begin:
-            if row["id"] not in steps:
+            run = begun.get(row["id"])
+            if run is None:
                 continue  # its claim went stale before it began
-            if await self.dispatcher.history_spent(row, steps[row["id"]]):
+            if await self.dispatcher.history_spent(row, run):
                 continue  # past the history limit: the run failed, no worker runs it
             bodies.append(
                 invoke_body(
                     row,
-                    steps[row["id"]],
+                    run.steps,
                     attempt=row["invoke_attempts"] + 1,
                     api_url=self.settings.base_url,
                     signer=self.dispatcher.signer,
+                    history_base=run.history_base,
                 )
             )
         log.info("pull_claimed", app_id=str(app_id), runs=len(bodies))

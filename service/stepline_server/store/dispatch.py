@@ -192,12 +192,12 @@ async def heartbeat(
 
 async def begin_invocations(
     conn: Conn, starts: list[Begin], lead: float = 0.0, inline_max: int = INLINE_RESULT_BYTES
-) -> dict[uuid.UUID, list[Record]]:
+) -> dict[uuid.UUID, Begun]:
     """Begin the invocations of runs just claimed, each only while its claim still holds the
     run: settle the timers and timeouts due within ``lead`` seconds (as of their due times) and
-    record the invocation starting. Answers the steps of each run begun (a run missing from the
-    answer was not begun: its lease is gone). Each step row's ``wait_s`` says how long the app
-    must not be called yet: until the last timer settled is due. A result over ``inline_max``
+    record the invocation starting. Answers what to send each run begun (a run missing from the
+    answer was not begun: its lease is gone): its steps, all of them or only what changed since
+    the history its last invocation was sent (see :class:`Begun`). A result over ``inline_max``
     bytes is not read: its row has ``output`` None beside ``output_bytes``."""
     if not starts:
         return {}
@@ -210,12 +210,35 @@ async def begin_invocations(
         }
         for b in starts
     ]
-    steps: dict[uuid.UUID, list[Record]] = {}
+    answer: dict[uuid.UUID, Begun] = {}
     for row in await conn.fetch(Q["begin_invocations"], begun, lead, inline_max):
-        run_steps = steps.setdefault(row["run_id"], [])
+        run = answer.get(row["run_id"])
+        if run is None:
+            run = answer[row["run_id"]] = Begun(
+                steps=[],
+                wait_s=row["wait_s"],
+                history_base=row["history_base"],
+                history_steps=row["history_steps"],
+                history_bytes=row["history_bytes"],
+            )
         if row["name"] is not None:
-            run_steps.append(row)
-    return steps
+            run.steps.append(row)
+    return answer
+
+
+@dataclass
+class Begun:
+    """What an invocation begun sends the app. ``steps``: rows in recorded order, every step
+    when ``history_base`` is None, else only those that changed since the history invocation
+    ``history_base`` was sent (the app keeps that one and lays these over it). ``wait_s``: how
+    many seconds the app must not be called yet (until the last timer settled is due). The
+    whole history holds ``history_steps`` steps and ``history_bytes`` bytes of results."""
+
+    steps: list[Record]
+    wait_s: float
+    history_base: uuid.UUID | None
+    history_steps: int
+    history_bytes: int
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Long histories: a large step result read by reference, and a run's next generation."""
+"""Long histories: a large step result read by reference, the whole history fetched by the SDK,
+and a run's next generation."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.store import runs
-from stepline_server.store.db import Conn, Q
+from stepline_server.store.db import Conn, Q, Record
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,21 @@ async def step_result(
     if row is None:
         return None
     return StoredResult(bool(row["found"]), row["output"])
+
+
+async def invocation_steps(
+    conn: Conn,
+    run_id: uuid.UUID,
+    invocation_id: uuid.UUID,
+    lease: str,
+    inline_max: int = INLINE_RESULT_BYTES,
+) -> list[Record] | None:
+    """Every step of the run as it stands now (rows as :func:`dispatch.begin_invocations` gives
+    them), for the invocation holding it; None when that invocation no longer holds the run."""
+    rows = await conn.fetch(Q["invocation_steps"], run_id, invocation_id, lease, inline_max)
+    if not rows:
+        return None
+    return [row for row in rows if row["name"] is not None]
 
 
 @dataclass(frozen=True)

@@ -147,12 +147,12 @@ WHERE w.project_id = $1 AND w.name = $2;
 -- and rate limit key fields are read as the workflow's options name them). When $13 (an
 -- orchestrator) is given and the workflow has neither a concurrency cap nor a rate limit, the
 -- run is created leased to it for $14
--- seconds with its first invocation begun (as claim_due and begin_invocations would leave it),
--- and the row carries what the invocation needs. A run of a pull app is never created leased,
+-- seconds with its first invocation begun (as claim_due and begin_invocations would leave it,
+-- its history snapshot too), and the row carries what the invocation needs. A run of a pull app is never created leased,
 -- and always wakes every orchestrator (their workers' polls claim it).
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
-           a.kind = 'pull' AS pull,
+           a.kind = 'pull' AS pull, gen_random_uuid() AS invocation_id,
            $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL
                AND w.options -> 'rateLimit' IS NULL AND a.kind = 'push' AS leased
     FROM workflows w JOIN apps a ON a.id = w.app_id
@@ -163,7 +163,8 @@ r AS (
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
                       progress_at, event_id, concurrency_key, singleton_key,
-                      definition_version, pull, priority, rate_key)
+                      definition_version, pull, priority, rate_key, history_snapshot,
+                      history_invocation)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -175,7 +176,7 @@ r AS (
            CASE WHEN w.leased THEN 3 ELSE 2 END,
            CASE WHEN w.leased THEN gen_random_uuid()::text END,
            CASE WHEN w.leased THEN $13::text END,
-           CASE WHEN w.leased THEN gen_random_uuid() END,
+           CASE WHEN w.leased THEN w.invocation_id END,
            CASE WHEN w.leased THEN now() END,
            CASE WHEN w.leased THEN now() END,
            $15::uuid,
@@ -185,7 +186,10 @@ r AS (
                 THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
            w.version, w.pull, $16::smallint,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
-                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END
+                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
+           -- Begun with no steps: every step the next invocation gets is one written since.
+           CASE WHEN w.leased THEN pg_current_snapshot() END,
+           CASE WHEN w.leased THEN w.invocation_id END
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -652,16 +656,22 @@ RETURNING r.id, r.cancel_requested;
 -- still holds (a claim that went stale begins nothing: another orchestrator may hold the run
 -- now): settles what came due (sleeps complete, those ending within $2 seconds too, as of their
 -- end; event waits past their timeout complete with null; callbacks past theirs fail as timed
--- out) and records its invocation starting, with the app's last known deployment. Returns one
--- row per step of every run begun, in the order the steps were first recorded (a run begun with
--- no steps: one row whose name is null); wait_s says in how many seconds the last sleep settled
--- ends: the app must not be called before; blocked marks a retrying step whose next attempt is
--- not due when the app is called; a result over $3 bytes comes back as null with its
--- output_bytes and output_digest (the app fetches it by reference, so it is not read here);
--- late_s, for a timer this statement settled (a sleep's end,
--- a wait's timeout), how many seconds ago it was due (negative: claimed ahead). (Only sleeps are settled ahead: nothing from outside can end
--- one sooner, while a callback or an event may still come before a wait's timeout.) The runs
--- are locked in id order, as every statement that locks several runs does.
+-- out) and records its invocation starting, with the app's last known deployment. Returns the
+-- run's steps in the order they were first recorded, one row each (a run begun with no steps to
+-- send: one row whose name is null): every step when the run's last invocation is not known
+-- (history_base null), else only those written by transactions the snapshot that invocation's
+-- steps were read under did not see, the open ones (their flags depend on the time) and those
+-- this statement settled; the app lays them over the history it kept from invocation
+-- history_base. The snapshot of this statement is kept for the next invocation. Each row says
+-- the size of the run's whole history (history_steps, history_bytes: bytes of results); wait_s
+-- says in how many seconds the last sleep settled ends: the app must not be called before;
+-- blocked marks a retrying step whose next attempt is not due when the app is called; a result
+-- over $3 bytes comes back as null with its output_bytes and output_digest (the app fetches it
+-- by reference, so it is not read here); late_s, for a timer this statement settled (a sleep's
+-- end, a wait's timeout), how many seconds ago it was due (negative: claimed ahead). (Only
+-- sleeps are settled ahead: nothing from outside can end one sooner, while a callback or an
+-- event may still come before a wait's timeout.) The runs are locked in id order, as every
+-- statement that locks several runs does.
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, token text,
@@ -670,7 +680,8 @@ WITH q AS (
 ),
 held AS (
     SELECT q.run_id, q.invocation_id, q.attempt,
-           (SELECT a.deployment_id FROM apps a WHERE a.id = runs.app_id) AS deployment_id
+           (SELECT a.deployment_id FROM apps a WHERE a.id = runs.app_id) AS deployment_id,
+           runs.history_snapshot AS since, runs.history_invocation AS base
     FROM q JOIN runs ON runs.id = q.run_id
     WHERE runs.lease_token = q.token AND runs.status IN ('running', 'cancelling')
     ORDER BY runs.id
@@ -722,8 +733,10 @@ counts AS (
     SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
 ),
 r AS (
-    UPDATE runs SET next_seq = runs.next_seq + counts.n
-    FROM counts WHERE runs.id = counts.run_id
+    UPDATE runs SET next_seq = runs.next_seq + counts.n,
+                    history_snapshot = pg_current_snapshot(), history_invocation = h.invocation_id
+    FROM counts JOIN held h ON h.run_id = counts.run_id
+    WHERE runs.id = counts.run_id
     RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
 ),
 history AS (
@@ -733,24 +746,37 @@ history AS (
            evs.invocation_id, evs.deployment_id, evs.data
     FROM r JOIN evs ON evs.run_id = r.id
 )
--- The steps as read before this statement, with what it just settled laid over them.
-SELECT q.run_id, s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position,
-       s.attempt, CASE WHEN s.output_bytes > $3::integer THEN NULL ELSE s.output END AS output,
-       s.output_bytes, s.output_digest, coalesce(rv.error, s.error) AS error, s.wake_at,
-       s.callback_id, s.child_run_id,
-       CASE WHEN rv.kind = 'callback' THEN 'timedOut'
-            ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
-       END AS callback_status,
+-- The steps to send as read before this statement, with what it just settled laid over them.
+SELECT q.run_id, s.name, s.kind, s.status, s.position, s.attempt, s.output, s.output_bytes,
+       s.output_digest, s.error, s.wake_at, s.callback_id, s.child_run_id, s.callback_status,
        coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
-       extract(epoch FROM starts.at - now())::double precision AS wait_s,
-       CASE WHEN rv.name IS NOT NULL
-            THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping' THEN s.wake_at
-                                                 ELSE s.timeout_at END)::double precision
-       END AS late_s
+       extract(epoch FROM starts.at - now())::double precision AS wait_s, s.late_s,
+       CASE WHEN q.since IS NOT NULL THEN q.base END AS history_base,
+       size.steps AS history_steps, size.bytes AS history_bytes
 FROM held q
 JOIN starts ON starts.run_id = q.run_id
-LEFT JOIN steps s ON s.run_id = q.run_id
-LEFT JOIN resolved rv ON rv.run_id = s.run_id AND rv.name = s.name
+CROSS JOIN LATERAL (
+    SELECT count(*) AS steps, coalesce(sum(a.output_bytes), 0)::bigint AS bytes
+    FROM steps a WHERE a.run_id = q.run_id
+) size
+LEFT JOIN LATERAL (
+    SELECT s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position, s.attempt,
+           CASE WHEN s.output_bytes > $3::integer THEN NULL ELSE s.output END AS output,
+           s.output_bytes, s.output_digest, coalesce(rv.error, s.error) AS error, s.wake_at,
+           s.callback_id, s.child_run_id,
+           CASE WHEN rv.kind = 'callback' THEN 'timedOut'
+                ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
+           END AS callback_status,
+           CASE WHEN rv.name IS NOT NULL
+                THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping' THEN s.wake_at
+                                                     ELSE s.timeout_at END)::double precision
+           END AS late_s
+    FROM steps s
+    LEFT JOIN resolved rv ON rv.run_id = s.run_id AND rv.name = s.name
+    WHERE s.run_id = q.run_id
+      AND (q.since IS NULL OR NOT pg_visible_in_snapshot(s.version, q.since)
+           OR s.status NOT IN ('completed', 'failed', 'cancelled') OR rv.name IS NOT NULL)
+) s ON true
 ORDER BY q.run_id, s.position;
 
 -- name: progress
@@ -1072,6 +1098,22 @@ FROM runs r LEFT JOIN steps s ON s.run_id = r.id AND s.position = $4
 WHERE r.id = $1 AND r.invocation_id = $2 AND r.lease_token = $3
   AND r.status IN ('running', 'cancelling');
 
+-- name: invocation_steps
+-- Every step of run $1 as it stands now, in recorded order, as begin_invocations sends them
+-- (results over $4 bytes as null beside their size and digest), for its invocation $2 holding
+-- lease $3: the SDK fetches the whole history when it did not keep the one an invocation's
+-- changes are laid over. No row when that invocation does not hold the run; one row whose name
+-- is null for a run with no steps.
+SELECT s.name, s.kind, s.status, s.position, s.attempt,
+       CASE WHEN s.output_bytes > $4::integer THEN NULL ELSE s.output END AS output,
+       s.output_bytes, s.output_digest, s.error, s.wake_at, s.callback_id, s.child_run_id,
+       (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id) AS callback_status,
+       coalesce(s.status = 'retrying' AND s.wake_at > now(), false) AS blocked
+FROM runs r LEFT JOIN steps s ON s.run_id = r.id
+WHERE r.id = $1 AND r.invocation_id = $2 AND r.lease_token = $3
+  AND r.status IN ('running', 'cancelling')
+ORDER BY s.position;
+
 -- name: continue_run
 -- The invocation of run $1 holding lease $2 continued as new with input $3: the run's next
 -- generation starts, due now, with no steps (the history keeps what they did; callbacks still
@@ -1079,7 +1121,8 @@ WHERE r.id = $1 AND r.invocation_id = $2 AND r.lease_token = $3
 WITH r AS (
     UPDATE runs SET
         input = $3::jsonb, generation = generation + 1, lease_token = NULL, lease_owner = NULL,
-        invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), version = version + 1
+        invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), version = version + 1,
+        history_snapshot = NULL, history_invocation = NULL
     WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
     RETURNING id, generation
 ),
@@ -1101,7 +1144,7 @@ UPDATE runs SET
     trigger = coalesce($2::text, trigger),
     status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
     invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
-    version = version + 1,
+    version = version + 1, history_snapshot = NULL, history_invocation = NULL,
     deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
 WHERE id = $1
 RETURNING *;

@@ -129,6 +129,8 @@ CREATE TABLE runs (
     rate_key text,
     pull boolean NOT NULL DEFAULT false,
     generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
+    history_snapshot pg_snapshot,
+    history_invocation uuid,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
@@ -150,6 +152,8 @@ COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' poll
 COMMENT ON COLUMN runs.priority IS 'Among due runs of a workflow, higher priority is claimed first (-100 to 100, default 0).';
 COMMENT ON COLUMN runs.rate_key IS 'The value of the workflow''s rate limit key field in the input: the limit counts starts per value (NULL: the field is missing, or the limit has no key).';
 COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
+COMMENT ON COLUMN runs.history_snapshot IS 'The snapshot the steps of the run''s last invocation were read under: the next one gets only the steps written by transactions it did not see. NULL: the next one gets every step (a retry or continue_as_new removed steps, or none began).';
+COMMENT ON COLUMN runs.history_invocation IS 'The invocation that was sent the history as of history_snapshot (the base the app lays the next changes over).';
 COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
@@ -188,8 +192,19 @@ CREATE TABLE steps (
     match jsonb,
     output_bytes integer GENERATED ALWAYS AS (octet_length(output::text)) STORED,
     output_digest text GENERATED ALWAYS AS (md5(output::text)) STORED,
+    version xid8 NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (run_id, name)
 );
+COMMENT ON COLUMN steps.version IS 'The transaction that last wrote the row (set on insert, and on every update by steps_version): the history an invocation gets is what changed since a snapshot.';
+CREATE FUNCTION steps_stamp_version() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.version := pg_current_xact_id();
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION steps_stamp_version() IS 'Stamps an updated step row with the transaction writing it.';
+CREATE TRIGGER steps_version BEFORE UPDATE ON steps
+    FOR EACH ROW EXECUTE FUNCTION steps_stamp_version();
 COMMENT ON COLUMN steps.output_bytes IS 'Bytes of the result''s JSON text (NULL without one): large results are sent to the app by reference.';
 COMMENT ON COLUMN steps.output_digest IS 'MD5 of the result''s JSON text, so the SDK can check a result it fetched by reference.';
 CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
