@@ -3,6 +3,8 @@
 -- sends only the steps written by transactions that snapshot did not see (and the open ones);
 -- the SDK lays them over the history it kept from that invocation.
 
+-- The default is stable, so existing rows take this migration's transaction without a rewrite
+-- of the table (their runs have no snapshot yet: their next invocation gets every step).
 ALTER TABLE steps ADD COLUMN version xid8 NOT NULL DEFAULT pg_current_xact_id();
 COMMENT ON COLUMN steps.version IS 'The transaction that last wrote the row (set on insert, and on every update by steps_version): the history an invocation gets is what changed since a snapshot.';
 CREATE FUNCTION steps_stamp_version() RETURNS trigger LANGUAGE plpgsql AS $$
