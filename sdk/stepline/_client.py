@@ -320,6 +320,17 @@ class _Api(Generic[_D, _N, _I]):
         req = _Request("GET", _path("runs", run_id, "logs"), _params(after=after))
         return self._iterate(req, "logs")
 
+    def list_run_invocations(
+        self, run_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> _D:
+        """One page of the run's invocations, oldest first: how each began and ended."""
+        params = _params(limit=limit, cursor=cursor)
+        return self._json(_Request("GET", _path("runs", run_id, "invocations"), params))
+
+    def iter_run_invocations(self, run_id: str) -> _I:
+        """The run's invocations in order, following ``nextCursor``."""
+        return self._iterate(_Request("GET", _path("runs", run_id, "invocations")), "invocations")
+
     def get_run_replay(self, run_id: str) -> _D:
         """The run's input and recorded steps as an invocation carries them (for replays)."""
         return self._json(_Request("GET", _path("runs", run_id, "replay")))

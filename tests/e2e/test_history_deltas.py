@@ -94,10 +94,15 @@ async def test_a_loop_of_steps_and_sleeps_sends_only_what_changed(database_url: 
         await stack.register(sl, app_url + "/")
         run = await stack.client.start_run("loop", ITERATIONS)
         done = await stack.client.wait_run(run["id"], timeout=60)
+        invocations = [i async for i in stack.client.iter_run_invocations(run["id"])]
+        page = await stack.client.list_run_invocations(run["id"], limit=5)
     assert done["status"] == "completed", done["error"]
     assert done["output"] == sum(range(ITERATIONS))
     assert ran == {f"w{i}": 1 for i in range(ITERATIONS)}
     assert len(done["steps"]) == 2 * ITERATIONS
+    outcomes = [i["outcome"] for i in invocations]
+    assert outcomes == ["suspended"] * ITERATIONS + ["completed"]
+    assert len(page["invocations"]) == 5 and page["nextCursor"]
     assert len(seen.invocations) == ITERATIONS + 1
     first, *later = seen.invocations
     assert first == (0, None)

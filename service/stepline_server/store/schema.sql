@@ -162,6 +162,7 @@ CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NU
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
+CREATE INDEX runs_app ON runs (app_id);
 CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
 CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
 CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
