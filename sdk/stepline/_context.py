@@ -110,6 +110,8 @@ class Context:
         self._fresh: list[_Op] = []
         self._futures: list[asyncio.Future[Any]] = []
         self.blocked: list[asyncio.Future[Any]] = []
+        # What each wait a branch blocked on is, by step name (sleeps, callbacks, events, ...).
+        self.waits: dict[str, tuple[StepKind, asyncio.Future[Any]]] = {}
         self.activity = 0  # bumps on every ctx call and wake-up: the engine's quiescence probe
         self.waiting = 0  # ctx awaits in progress
         self.closed = False
@@ -420,6 +422,7 @@ class Context:
         else:
             future = self._future()
             self.blocked.append(future)
+        self.waits[name] = (kind, future)
         return await self._wait(future)
 
     def _add(
@@ -493,6 +496,37 @@ class Context:
                 future.set_exception(self._cancelled())
                 return True
         return False
+
+    def next_invocation(self, request: protocol.InvokeRequest) -> None:
+        """Go on as invocation ``request`` (a parked execution resumed): its attempt, a log
+        buffer of its own (each invocation's lines are capped and sent as one invocation's),
+        and only the futures still pending."""
+        self.attempt = request.attempt
+        self.logs = LogBuffer()
+        self.log.rebind(self.logs)
+        self.forget_done()
+
+    def reached(self, name: str) -> bool:
+        """Whether this execution met the step ``name``."""
+        return name in self._reached
+
+    def pending_sleeps(self) -> dict[str, asyncio.Future[Any]] | None:
+        """The sleeps branches wait on, by step name, when every pending ctx future is one of
+        them; None when something else is pending (a callback, an event, a child, a retry)."""
+        sleeps = {
+            name: future
+            for name, (kind, future) in self.waits.items()
+            if kind is StepKind.SLEEP and not future.done()
+        }
+        others = [f for f in self._futures if not f.done() and f not in sleeps.values()]
+        return None if others else sleeps
+
+    def forget_done(self) -> None:
+        """Drop the futures and waits that are over (an execution that lives across
+        invocations keeps only what is still pending)."""
+        self._futures = [f for f in self._futures if not f.done()]
+        self.blocked = [f for f in self.blocked if not f.done()]
+        self.waits = {n: w for n, w in self.waits.items() if not w[1].done()}
 
     def close(self) -> None:
         """End this execution: further ctx calls raise ``_Suspended``; pending waits end."""

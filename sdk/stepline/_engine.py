@@ -32,7 +32,7 @@ from stepline._history import thaw
 from stepline._logs import capturing
 from stepline._transport import ProgressSender, StaleInvocation
 from stepline._workflow import WorkflowDef
-from stepline.protocol import Action, InvokeStatus, StepUpdate
+from stepline.protocol import Action, InvokeStatus, StepStatus, StepUpdate
 
 logger = logging.getLogger("stepline")
 
@@ -57,8 +57,15 @@ class Invocation:
         request: protocol.InvokeRequest,
         sender: ProgressSender,
         traceparent: str | None = None,
+        *,
+        may_park: bool = False,
     ) -> None:
         self.definition = definition
+        # Suspended on sleeps alone, the execution may stay alive for the run's next invocation
+        # (``parked``), which then goes on from where it stopped instead of replaying.
+        self.may_park = may_park
+        self.parked = False
+        self.sent: set[str] = set()  # the steps the parked invocation's answer reported
         self.traceparent = traceparent  # W3C trace context the invocation came with
         self.request = request
         self.sender = sender
@@ -86,14 +93,74 @@ class Invocation:
         coro = self.definition.fn(self.ctx, given)
         self.task = asyncio.ensure_future(coro)
         self.task.add_done_callback(_retrieve)
+        return await self._go(self.task)
+
+    async def _go(self, task: asyncio.Future[Any]) -> protocol.InvokeResponse:
         try:
-            return await self._drive(self.task)
+            return await self._drive(task)
         except StaleInvocation:
             self._abandon()
             return protocol.InvokeResponse(status=InvokeStatus.STALE)
         except BaseException:
             self._abandon()
             raise
+
+    def resumable(
+        self, request: protocol.InvokeRequest, changed: list[protocol.StepRecord]
+    ) -> list[asyncio.Future[Any]] | None:
+        """The sleeps to end when ``request``, the run's next invocation, bringing ``changed``
+        (what changed since this parked one), goes on with this execution; None when it must
+        replay instead. It goes on only when everything changed is explained: sleeps it waits
+        on that ended (one at least), steps it met itself and saw end, and every step its answer
+        reported (an answer that was lost left the history without them)."""
+        if (
+            not self.parked
+            or request.run_id != self.request.run_id
+            or request.history_base != self.request.invocation_id
+            or request.generation != self.request.generation
+            or request.workflow != self.request.workflow
+            or request.cancel_requested
+        ):
+            return None
+        sleeps = self.ctx.pending_sleeps()
+        if sleeps is None:
+            return None
+        ending: list[asyncio.Future[Any]] = []
+        for record in changed:
+            if record.name in sleeps:
+                if record.status is StepStatus.COMPLETED:
+                    ending.append(sleeps[record.name])
+                elif record.status is not StepStatus.SLEEPING:
+                    return None
+            elif not (
+                self.ctx.reached(record.name)
+                and record.status in (StepStatus.COMPLETED, StepStatus.FAILED)
+            ):
+                return None
+        if not ending or not self.sent <= {record.name for record in changed}:
+            return None
+        return ending
+
+    async def resume(
+        self,
+        request: protocol.InvokeRequest,
+        ending: list[asyncio.Future[Any]],
+        traceparent: str | None = None,
+    ) -> protocol.InvokeResponse:
+        """Go on with this parked execution as invocation ``request``: the sleeps in
+        ``ending`` (from :meth:`resumable`) return, and the workflow runs on from there."""
+        assert self.task is not None
+        self.request, self.traceparent = request, traceparent
+        self.buffer, self.progress_calls, self.parked, self.sent = [], 0, False, set()
+        self.ctx.next_invocation(request)
+        for future in ending:
+            self._resolve(future, None)
+        return await self._go(self.task)
+
+    def abandon(self) -> None:
+        """Let a parked execution go (its run will replay if it is invoked again here)."""
+        self.parked = False
+        self._abandon()
 
     async def _fetch_result(self, record: protocol.StepRecord) -> Any:
         return await self.sender.result(self.request, record)
@@ -136,8 +203,13 @@ class Invocation:
                 continue
             if ctx.cancel_requested and not ctx.cancel_raised and ctx.inject_cancel():
                 continue
-            self._abandon()
-            return self._answer(InvokeStatus.SUSPENDED)
+            answer = self._answer(InvokeStatus.SUSPENDED)
+            if self.may_park and not ctx.cancel_requested and ctx.pending_sleeps():
+                self.parked = True  # alive until the next invocation goes on with it
+                self.sent = {update.name for update in answer.updates}
+            else:
+                self._abandon()
+            return answer
 
     async def _settle(self, task: asyncio.Future[Any]) -> None:
         """Yield to the loop until the workflow is done or ctx activity stops changing."""

@@ -154,6 +154,10 @@ class RunLog:
         self._ctx = ctx
         self._buffer = buffer
 
+    def rebind(self, buffer: LogBuffer) -> None:
+        """Keep lines in ``buffer`` from now on (the execution goes on as another invocation)."""
+        self._buffer = buffer
+
     def debug(self, message: str, **fields: Any) -> None:
         """Keep a ``debug`` line."""
         self._write(LogLevel.DEBUG, message, fields)

@@ -15,6 +15,7 @@ from stepline import protocol
 from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
 from stepline._history import DEFAULT_MAX_BYTES, HistoryCache
+from stepline._parked import DEFAULT_MAX_RUNS, ParkedRuns
 from stepline._transport import StaleInvocation, Transport
 from stepline._types import Signature, signature_of
 
@@ -168,6 +169,9 @@ class Stepline:
     hosting platform's id, else one derived from the workflows' source (``code-…``).
     ``history_cache_bytes``: how much of its runs' histories the app keeps between invocations
     (default 64 MiB), so each invocation brings only the steps that changed; 0 keeps none.
+    ``parked_runs``: how many runs suspended on sleeps alone the app keeps running in memory
+    (default 256, for at most 10 minutes each), so the invocation after the sleep goes on
+    without replaying; 0 keeps none.
     """
 
     def __init__(
@@ -177,9 +181,11 @@ class Stepline:
         deployment_id: str | None = None,
         http_client: httpx.AsyncClient | None = None,
         history_cache_bytes: int = DEFAULT_MAX_BYTES,
+        parked_runs: int = DEFAULT_MAX_RUNS,
     ) -> None:
         self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
         self.histories = HistoryCache(history_cache_bytes)
+        self.parked = ParkedRuns(parked_runs)
         self._named_deployment_id = deployment_id or detect_deployment_id()
         self._code_deployment_id: str | None = None  # derived when first needed
         self.transport = Transport(http_client)
@@ -305,11 +311,30 @@ class Stepline:
         definition = self._workflows.get(request.workflow)
         if definition is None:
             raise LookupError(f"workflow {request.workflow!r} is not registered in this app")
+        changed = request.steps
+        parked = self.parked.take(request.run_id)
         try:
-            request = await self.histories.complete(request, self.transport.history)
+            whole = await self.histories.complete(request, self.transport.history)
         except StaleInvocation:
+            if parked is not None:
+                parked.abandon()
             return protocol.InvokeResponse(status=protocol.InvokeStatus.STALE)
-        response = await Invocation(definition, request, self.transport, traceparent).run()
+        ending = None
+        if parked is not None and parked.definition is definition:  # the same code
+            ending = parked.resumable(request, changed)
+        if parked is not None and ending:
+            self.parked.resumed += 1
+            invocation = parked
+            response = await parked.resume(whole, ending, traceparent)
+        else:
+            if parked is not None:
+                parked.abandon()
+            invocation = Invocation(
+                definition, whole, self.transport, traceparent, may_park=self.parked.max_runs > 0
+            )
+            response = await invocation.run()
+        if invocation.parked:
+            self.parked.keep(request.run_id, invocation)
         if response.status not in _GOES_ON:
             self.histories.forget(request.run_id)  # the run ended or starts a new generation
         response.deployment_id = self.deployment_id
@@ -317,4 +342,5 @@ class Stepline:
 
     async def aclose(self) -> None:
         """Close the HTTP client used for progress calls (when Stepline made it)."""
+        self.parked.clear()
         await self.transport.aclose()

@@ -4,6 +4,7 @@ the workflow changes never change what replay sees, and pull apps get the same."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -71,6 +72,7 @@ def looping_app(ran: dict[str, int], **options: Any) -> stepline.Stepline:
     async def loop(ctx: stepline.Context, input: int) -> int:
         total = 0
         for i in range(input):
+            ran["passes"] = ran.get("passes", 0) + 1  # the loop's code, replayed or not
             got = await ctx.step(f"w{i}", work, i)
             got["seen"].append(-1)  # the workflow changes what it got: replay must not see it
             total += sum(got["seen"]) + 1
@@ -98,7 +100,9 @@ async def test_a_loop_of_steps_and_sleeps_sends_only_what_changed(database_url: 
         page = await stack.client.list_run_invocations(run["id"], limit=5)
     assert done["status"] == "completed", done["error"]
     assert done["output"] == sum(range(ITERATIONS))
+    assert ran.pop("passes") == ITERATIONS  # kept running across each sleep: never replayed
     assert ran == {f"w{i}": 1 for i in range(ITERATIONS)}
+    assert sl.parked.resumed == ITERATIONS and len(sl.parked) == 0
     assert len(done["steps"]) == 2 * ITERATIONS
     outcomes = [i["outcome"] for i in invocations]
     assert outcomes == ["suspended"] * ITERATIONS + ["completed"]
@@ -129,6 +133,7 @@ async def test_an_app_that_kept_no_history_fetches_it_whole(database_url: str) -
         done = await stack.client.wait_run(run["id"], timeout=60)
     assert done["status"] == "completed", done["error"]
     assert done["output"] == sum(range(10))
+    ran.pop("passes")
     assert ran == {f"w{i}": 1 for i in range(10)}
     assert transport.histories == 10  # every invocation but the first
     assert sum(1 for _, base in seen.invocations if base is not None) == 10
@@ -180,6 +185,7 @@ async def test_a_pull_worker_lays_changes_over_its_history(database_url: str) ->
             done = await stack.client.wait_run(run["id"], timeout=60)
     assert done["status"] == "completed", done["error"]
     assert done["output"] == sum(range(12))
+    assert ran.pop("passes") == 12
     assert ran == {f"w{i}": 1 for i in range(12)}
     assert transport.histories == 0
 
@@ -213,3 +219,104 @@ async def test_a_pull_worker_reads_large_results_and_continues_as_new(database_u
     assert done["output"] == {"size": 3 * 300 * 1024, "generation": 3}
     assert ran == [1, 2, 3]
     assert done["generation"] == 3
+
+
+async def test_without_parking_every_invocation_replays(database_url: str) -> None:
+    """An app that keeps no execution across sleeps replays the loop from the top at each
+    invocation (the loop's code runs 1 + 2 + ... + 11 times) and ends the same."""
+    ran: dict[str, int] = {}
+    sl = looping_app(ran, parked_runs=0)
+    async with orchestrator_stack(database_url) as stack, serve(sl.asgi()) as app_url:
+        await stack.register(sl, app_url + "/")
+        run = await stack.client.start_run("loop", 10)
+        done = await stack.client.wait_run(run["id"], timeout=60)
+    assert done["status"] == "completed", done["error"]
+    assert done["output"] == sum(range(10))
+    assert ran.pop("passes") == sum(range(1, 11)) + 10
+    assert ran == {f"w{i}": 1 for i in range(10)}
+    assert sl.parked.resumed == 0
+
+
+class LosesAnAnswer:
+    """ASGI wrapper that runs the app's third invocation but answers 503 in place of its
+    answer (lost on the way, as far as the orchestrator knows)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.invocations = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        self.invocations += 1
+        if self.invocations != 3:
+            await self.app(scope, receive, send)
+            return
+
+        async def swallow(message: Any) -> None:
+            pass
+
+        await self.app(scope, receive, swallow)
+        body = b'{"error": {"code": "unavailable", "message": "lost"}}'
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_an_answer_lost_after_a_sleep_replays_the_run(database_url: str) -> None:
+    """The answer of an invocation that suspended on a sleep never reaches the orchestrator
+    (neither the result of its step nor the sleep is recorded): the next invocation does not go
+    on with the execution kept in memory, which believes them recorded, but replays; the run
+    completes, the step whose end was lost runs again (as any step whose end was not recorded)
+    and every other step once."""
+    ran: dict[str, int] = {}
+    sl = looping_app(ran)
+    app = LosesAnAnswer(sl.asgi())
+    async with orchestrator_stack(database_url) as stack, serve(app) as app_url:
+        await stack.register(sl, app_url + "/")
+        run = await stack.client.start_run("loop", 4)
+        done = await stack.client.wait_run(run["id"], timeout=60)
+        history = [e["type"] async for e in stack.client.iter_run_events(run["id"])]
+    assert done["status"] == "completed", done["error"]
+    assert done["output"] == sum(range(4))
+    assert ran == {"passes": 6, "w0": 1, "w1": 2, "w2": 1, "w3": 1}  # the second was lost
+    assert history.count("invocation.started") == 6
+    # Six invocations: the second's answer was lost, the third replayed (two passes of the
+    # loop's code), every other one went on with the execution kept across its sleep.
+    assert sl.parked.resumed == 4
+
+
+async def test_executions_kept_are_let_go_past_the_count_and_the_age(database_url: str) -> None:
+    """With room for one parked run, a second run that parks lets the first go: the first
+    replays after its sleep, the second goes on parked; with no time to keep any, every
+    invocation replays. Every run completes, each step once."""
+    ran: dict[str, int] = {}
+    sl = looping_app(ran, parked_runs=1)
+
+    @sl.workflow("slow")
+    async def slow(ctx: stepline.Context, input: Any) -> str:
+        ran["slow-passes"] = ran.get("slow-passes", 0) + 1
+        await ctx.step("first", lambda: "x")
+        await ctx.sleep("long", "1s")
+        return "slow"
+
+    async with orchestrator_stack(database_url) as stack, serve(sl.asgi()) as app_url:
+        await stack.register(sl, app_url + "/")
+        first = await stack.client.start_run("slow", None)
+        while len(sl.parked) == 0:  # parked, asleep for a second
+            await asyncio.sleep(0.01)
+        second = await stack.client.start_run("loop", 2)
+        done_second = await stack.client.wait_run(second["id"], timeout=30)
+        done_first = await stack.client.wait_run(first["id"], timeout=30)
+        assert (done_first["output"], done_second["output"]) == ("slow", sum(range(2)))
+        assert ran.pop("slow-passes") == 2  # let go, it replayed after its sleep
+        assert sl.parked.resumed == 2  # the loop's two invocations after a sleep
+
+        sl.parked.max_seconds = 0.0  # kept no time at all
+        third = await stack.client.start_run("loop", 3)
+        done_third = await stack.client.wait_run(third["id"], timeout=30)
+    assert done_third["output"] == sum(range(3))
+    assert sl.parked.resumed == 2
+    assert ran.pop("passes") == 2 + (1 + 2 + 3 + 3)  # the second run's, then every replay
+    assert ran == {"w0": 2, "w1": 2, "w2": 1}  # one step run per run

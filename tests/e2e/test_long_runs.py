@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 import stepline
 from stepline._transport import Transport
@@ -60,11 +61,13 @@ async def event_types(stack: Stack, run_id: str) -> list[str]:
     return [e["type"] async for e in stack.client.iter_run_events(run_id)]
 
 
-async def test_twenty_large_steps_then_a_sleep_complete(database_url: str) -> None:
+@pytest.mark.parametrize("parked", [0, 256], ids=["replayed", "parked"])
+async def test_twenty_large_steps_then_a_sleep_complete(database_url: str, parked: int) -> None:
     """Twenty 900 KB results (18 MB in all, past the 16 MiB an invocation may carry) and a
     sleep: the run completes, every step ran once, the invocation after the sleep is small and
-    the workflow reads every result back whole."""
-    sl = stepline.Stepline("secret-long")
+    the workflow has every result whole: replayed, it reads each back by reference; kept
+    running across the sleep (parked), it fetches none."""
+    sl = stepline.Stepline("secret-long", parked_runs=parked)
     transport = CountingFetches()
     sl.transport = transport
     ran: dict[str, int] = {}
@@ -91,7 +94,8 @@ async def test_twenty_large_steps_then_a_sleep_complete(database_url: str) -> No
     invocations = counted.bodies[synced:]
     assert len(invocations) == 2
     assert invocations[1] < 64 * KB, invocations  # references, not 18 MB
-    assert len(transport.fetched) == 20  # each result read back once, after the sleep
+    # Replayed, each result is read back once after the sleep; parked, the workflow has them.
+    assert len(transport.fetched) == (20 if not parked else 0)
     assert done["history"]["steps"] == 21
     assert done["history"]["bytes"] >= 20 * 900 * KB
 
@@ -101,8 +105,9 @@ async def test_a_large_result_is_fetched_only_when_read_and_replays_equal(
 ) -> None:
     """A 400 KB step result and a 300 KB callback body come by reference: nothing is fetched
     while they are fresh, each is fetched once per invocation that replays it, a small result is
-    never fetched, and the replayed values equal what the step returned and what was POSTed."""
-    sl = stepline.Stepline("secret-long")
+    never fetched, and the replayed values equal what the step returned and what was POSTed
+    (every invocation replays: no execution is kept across the sleep)."""
+    sl = stepline.Stepline("secret-long", parked_runs=0)
     transport = CountingFetches()
     sl.transport = transport
     value = {"rows": [{"i": i, "text": "é€😀" * 10, "x": i / 7} for i in range(3000)]}

@@ -143,10 +143,11 @@ async def test_a_full_dispatcher_leaves_new_runs_to_its_claim(database_url: str)
 
 async def test_changed_code_fails_the_run_with_nondeterminism(database_url: str) -> None:
     """A deploy renames a step a sleeping run already passed: on replay the run fails with a
-    nondeterminism error naming both steps, and nothing after them runs."""
+    nondeterminism error naming both steps, and nothing after them runs. (A deploy is a new
+    process, which keeps no execution across the sleep: so is this app.)"""
     version = {"name": "charge"}
     ran: list[str] = []
-    sl = stepline.Stepline("secret-e2e")
+    sl = stepline.Stepline("secret-e2e", parked_runs=0)
 
     @sl.workflow("evolving")
     async def evolving(ctx: stepline.Context, input: Any) -> str:

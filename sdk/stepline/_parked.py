@@ -1,0 +1,73 @@
+"""Executions kept alive between invocations, so a run that slept goes on without replaying.
+
+When an invocation suspends with every branch of the workflow waiting on a sleep, its execution
+(the workflow's task, suspended where it awaits) may stay in memory. If the run's next
+invocation comes to this process, builds on that invocation and brings only what the execution
+already explains (the sleeps it waits on ended, the steps it met itself), the sleeps return and
+the workflow goes on from there: no replay, so each iteration of a long loop costs the same.
+Anything else (another process got an invocation in between, a callback came, the run was
+cancelled, an answer was lost) and the execution is let go and the run replays as always.
+
+At most ``max_runs`` executions are kept, none longer than ``max_seconds``; the oldest go first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepline._engine import Invocation
+
+DEFAULT_MAX_RUNS = 256
+DEFAULT_MAX_SECONDS = 600.0
+
+
+class ParkedRuns:
+    """Parked executions by run id."""
+
+    def __init__(
+        self, max_runs: int = DEFAULT_MAX_RUNS, max_seconds: float = DEFAULT_MAX_SECONDS
+    ) -> None:
+        self.max_runs = max_runs
+        self.max_seconds = max_seconds
+        self._runs: OrderedDict[str, tuple[float, Invocation]] = OrderedDict()
+        self.resumed = 0  # invocations that went on with a parked execution
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def take(self, run_id: str) -> Invocation | None:
+        """The execution parked for ``run_id``, no longer parked (let go of those too old)."""
+        self._expire(time.monotonic())
+        kept = self._runs.pop(run_id, None)
+        return None if kept is None else kept[1]
+
+    def keep(self, run_id: str, invocation: Invocation) -> None:
+        """Park ``invocation`` (suspended, :attr:`Invocation.parked`) for its run's next
+        invocation, letting the oldest go past ``max_runs``."""
+        if self.max_runs <= 0:
+            invocation.abandon()
+            return
+        old = self._runs.pop(run_id, None)
+        if old is not None and old[1] is not invocation:
+            old[1].abandon()
+        self._runs[run_id] = (time.monotonic(), invocation)
+        while len(self._runs) > self.max_runs:
+            _, (_, dropped) = self._runs.popitem(last=False)
+            dropped.abandon()
+
+    def clear(self) -> None:
+        """Let every parked execution go."""
+        while self._runs:
+            _, (_, dropped) = self._runs.popitem(last=False)
+            dropped.abandon()
+
+    def _expire(self, now: float) -> None:
+        while self._runs:
+            run_id, (since, invocation) = next(iter(self._runs.items()))
+            if now - since <= self.max_seconds:
+                return
+            del self._runs[run_id]
+            invocation.abandon()
