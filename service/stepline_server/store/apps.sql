@@ -1,0 +1,70 @@
+-- Apps and the workflows they declare.
+
+-- name: rotate_app_secret
+-- App $2 of $1 signs with secret $3 from now on; the previous one is kept after it.
+UPDATE apps SET signing_secrets = ARRAY[$3, signing_secrets[1]], updated_at = now()
+WHERE project_id = $1 AND id = $2
+RETURNING *;
+
+-- name: insert_app
+-- A push app has a url ($5), a pull app ($7 = 'pull') none.
+INSERT INTO apps (id, project_id, slug, name, url, signing_secrets, kind)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (project_id, name) DO NOTHING
+RETURNING *;
+
+-- name: get_app
+SELECT * FROM apps WHERE project_id = $1 AND (id::text = $2 OR slug = $2);
+
+-- name: get_app_by_name
+SELECT * FROM apps WHERE project_id = $1 AND name = $2;
+
+-- name: list_apps
+SELECT * FROM apps
+WHERE project_id = $1 AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))
+ORDER BY created_at, id
+LIMIT $4;
+
+-- name: update_app
+UPDATE apps SET url = coalesce($3, url), name = coalesce($4, name), updated_at = now()
+WHERE project_id = $1 AND id = $2
+RETURNING *;
+
+-- name: lock_app_runs
+-- Locks the runs of app $2 of project $1 in id order, as every statement that locks several
+-- runs does, so deleting the app (whose cascade takes them in the order they lie) never
+-- deadlocks with a group commit or an invocation's end holding some of them.
+SELECT id FROM runs WHERE app_id = $2 AND project_id = $1 ORDER BY id FOR UPDATE;
+
+-- name: delete_app
+-- Deletes app $2 of project $1 with its workflows and runs (by cascade).
+DELETE FROM apps WHERE project_id = $1 AND id = $2;
+
+-- name: app_synced
+UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
+
+-- name: upsert_workflow
+-- Stores a synced workflow; $5: the definitions version it changed in (NULL: it did not).
+INSERT INTO workflows (project_id, name, app_id, options, synced_at, version)
+VALUES ($1, $2, $3, $4, now(), coalesce($5::integer, 1))
+ON CONFLICT (project_id, name)
+DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now(),
+              version = coalesce($5::integer, workflows.version);
+
+-- name: app_definitions
+-- The workflows app $2 hosts in environment $1, as last synced.
+SELECT name, options FROM workflows WHERE project_id = $1 AND app_id = $2;
+
+-- name: next_definitions_version
+UPDATE environments SET definitions_version = definitions_version + 1 WHERE id = $1
+RETURNING definitions_version;
+
+-- name: list_workflows
+SELECT w.*, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+WHERE w.project_id = $1 AND ($2::text IS NULL OR w.name > $2)
+ORDER BY w.name
+LIMIT $3;
+
+-- name: get_workflow
+SELECT w.*, a.url AS app_url, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+WHERE w.project_id = $1 AND w.name = $2;

@@ -1,0 +1,184 @@
+-- Flow control: concurrency caps (held runs) and rate limits, each group under its advisory lock.
+
+-- name: due_gated_groups
+-- The runs of push apps due now (not past their deadline) that claim_due leaves to a gate, by
+-- group: of a workflow with a concurrency cap, not held, by concurrency key value, with the
+-- cap their runs were started under (kind capped: claim_capped); of a workflow with a rate
+-- limit, not yet started nor cancelled, by rate key value, with the tightest limit and the
+-- longest period their runs were started under (kind rate: claim_rate_limited).
+SELECT 'capped' AS kind, project_id, workflow, concurrency_key AS key,
+       min((options ->> 'concurrency')::integer) AS cap, NULL::bigint AS period_ms
+FROM runs
+WHERE ready_at <= now() AND NOT held AND options ->> 'concurrency' IS NOT NULL AND NOT pull
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow, concurrency_key
+UNION ALL
+SELECT 'rate', project_id, workflow, rate_key,
+       min((options -> 'rateLimit' ->> 'limit')::integer),
+       max((options -> 'rateLimit' ->> 'periodMs')::bigint)
+FROM runs
+WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested AND NOT pull
+  AND options -> 'rateLimit' IS NOT NULL
+  AND (deadline_at IS NULL OR deadline_at > now())
+GROUP BY project_id, workflow, rate_key;
+
+-- name: held_workflows
+-- The workflows with held runs, by concurrency key value, with the cap of their runs.
+SELECT project_id, workflow, concurrency_key, min((options ->> 'concurrency')::integer) AS cap
+FROM runs WHERE held
+GROUP BY project_id, workflow, concurrency_key;
+
+-- name: lock_workflow
+-- Serialises claiming and releasing the runs of workflow $2 of project $1 with concurrency key
+-- value $3 until the transaction ends, so two orchestrators never both see room under its
+-- cap. Namespace 2 of the advisory locks.
+SELECT pg_advisory_xact_lock(
+    2, hashtext($1::uuid::text || ':' || $2::text || ':' || coalesce($3::text, '')));
+
+-- name: claim_capped
+-- With lock_workflow held: leases up to $6 of the due or held runs of workflow $2 (project
+-- $1) with concurrency key value $7, higher priority first, then oldest, as far as its cap $3 has room beside its
+-- invocations in flight, to $4 for $5 seconds (as claim_due leases). When that fills the cap,
+-- its other due runs are held (ready_at at their deadline, no lease) until release_held lets
+-- them go. Without takeovers ($8 false), runs whose lease expired are left to their holders.
+WITH busy AS (
+    SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+      AND lease_token IS NOT NULL AND ready_at > now()
+),
+cand AS (
+    (SELECT id, priority, created_at FROM runs
+     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND held
+     ORDER BY priority DESC, created_at, id LIMIT $6)
+    UNION ALL
+    (SELECT id, priority, created_at FROM runs
+     WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
+       AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND ($8::boolean OR lease_token IS NULL)
+     ORDER BY priority DESC, created_at, id LIMIT $6)
+),
+go AS (
+    SELECT r.id, r.lease_token AS old_token FROM runs r
+    WHERE r.id IN (SELECT id FROM cand ORDER BY priority DESC, created_at, id
+                   LIMIT least($6::integer, (SELECT room FROM busy)))
+    FOR UPDATE SKIP LOCKED
+),
+held_now AS (
+    UPDATE runs h SET held = true, ready_at = h.deadline_at, lease_token = NULL,
+                      lease_owner = NULL
+    WHERE h.project_id = $1 AND h.workflow = $2
+      AND h.concurrency_key IS NOT DISTINCT FROM $7::text
+      AND h.ready_at <= now() AND NOT h.held
+      AND ($8::boolean OR h.lease_token IS NULL)
+      AND h.id NOT IN (SELECT id FROM go)
+      AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $4,
+    ready_at = least(now() + make_interval(secs => $5::double precision), r.deadline_at),
+    claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
+    progress_seq = 0,
+    progress_digest = NULL,
+    held = false,
+    started_at = coalesce(r.started_at, now())
+FROM go
+WHERE r.id = go.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          r.concurrency_key, r.generation, 0::double precision AS due_in,
+          go.old_token IS NOT NULL AS taken_over, r.created_at,
+          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+
+-- name: release_held
+-- With lock_workflow held: the held runs of workflow $2 (project $1) with concurrency key
+-- value $4, higher priority first, then oldest, become due again, as far as its cap $3 has
+-- room beside its invocations in flight.
+UPDATE runs r SET ready_at = now(), held = false
+WHERE r.id IN (
+    SELECT id FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
+      AND held
+    ORDER BY priority DESC, created_at, id
+    LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
+           WHERE project_id = $1 AND workflow = $2
+             AND concurrency_key IS NOT DISTINCT FROM $4::text
+             AND lease_token IS NOT NULL AND ready_at > now())
+)
+RETURNING r.id;
+
+-- name: lock_rate
+-- Serialises claiming the runs of workflow $2 of project $1 with rate key value $3 until the
+-- transaction ends, so two orchestrators never both see room in its window. Namespace 3 of the
+-- advisory locks.
+SELECT pg_advisory_xact_lock(
+    3, hashtext($1::uuid::text || ':' || $2::text || ':' || coalesce($3::text, '')));
+
+-- name: rate_window
+-- With lock_rate held: the transaction's time, when the runs of workflow $2 (project $1) with
+-- rate key value $3 that started within the last $4 milliseconds started (oldest first), and
+-- how many of its runs are due and not yet started.
+SELECT now() AS now,
+       array(SELECT started_at FROM runs
+             WHERE project_id = $1 AND workflow = $2 AND options ? 'rateLimit'
+               AND rate_key IS NOT DISTINCT FROM $3::text
+               AND started_at > now() - make_interval(secs => $4::double precision / 1000)
+             ORDER BY started_at) AS starts,
+       (SELECT count(*) FROM runs
+        WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+          AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+          AND rate_key IS NOT DISTINCT FROM $3::text) AS waiting;
+
+-- name: claim_rate_limited
+-- With lock_rate held: leases up to $4 of the due runs not yet started of workflow $2 (project
+-- $1) with rate key value $3, higher priority first, then oldest, to $5 for $6 seconds (as
+-- claim_due leases; their started_at, now, counts in the window from then on).
+WITH go AS (
+    SELECT id FROM runs
+    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+      AND rate_key IS NOT DISTINCT FROM $3::text
+    ORDER BY priority DESC, created_at, id
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r
+SET lease_token = gen_random_uuid()::text,
+    invocation_id = gen_random_uuid(),
+    lease_owner = $5,
+    ready_at = least(now() + make_interval(secs => $6::double precision), r.deadline_at),
+    claimed_wake_seq = r.wake_seq,
+    progress_at = now(),
+    progress_seq = 0,
+    progress_digest = NULL,
+    held = false,
+    started_at = now()
+FROM go
+WHERE r.id = go.id
+RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
+          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+          r.concurrency_key, r.generation, 0::double precision AS due_in, false AS taken_over,
+          r.created_at,
+          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
+          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+
+-- name: defer_rate_limited
+-- With lock_rate held: the due runs not yet started of workflow $2 (project $1) with rate key
+-- value $3, in the order they go (higher priority first, then oldest), come due at the times
+-- $4 gives them in that order, never past their deadline; a time not after now leaves its run
+-- due.
+WITH ranked AS (
+    SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS n FROM runs
+    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+      AND rate_key IS NOT DISTINCT FROM $3::text
+)
+UPDATE runs r SET ready_at = least(t.at, r.deadline_at)
+FROM ranked JOIN unnest($4::timestamptz[]) WITH ORDINALITY AS t(at, n) ON t.n = ranked.n
+WHERE r.id = ranked.id AND t.at > now();

@@ -1,0 +1,226 @@
+-- Runs as their readers see them: starting one, finding, listing, history and logs, and the operator's
+-- cancel and retry.
+
+-- name: insert_run
+-- Creates a run of workflow $3 (its app and options as last synced) due now, with its
+-- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
+-- the workflow is not registered or the id, the run key or an active run of its singleton key
+-- exists ($15: the event that started it; $16: its priority; the input's concurrency, singleton
+-- and rate limit key fields are read as the workflow's options name them). When $13 (an
+-- orchestrator) is given and the workflow has neither a concurrency cap nor a rate limit, the
+-- run is created leased to it for $14
+-- seconds with its first invocation begun (as claim_due and begin_invocations would leave it,
+-- its history snapshot too), and the row carries what the invocation needs. A run of a pull app is never created leased,
+-- and always wakes every orchestrator (their workers' polls claim it).
+WITH w AS (
+    SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
+           a.kind = 'pull' AS pull, gen_random_uuid() AS invocation_id,
+           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL
+               AND w.options -> 'rateLimit' IS NULL AND a.kind = 'push' AS leased
+    FROM workflows w JOIN apps a ON a.id = w.app_id
+    WHERE w.project_id = $2 AND w.name = $3
+),
+r AS (
+    INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
+                      parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
+                      ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
+                      progress_at, event_id, concurrency_key, singleton_key,
+                      definition_version, pull, priority, rate_key, history_snapshot,
+                      history_invocation)
+    SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
+           $9::timestamptz, $10::text, w.options,
+           now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
+           CASE WHEN w.leased
+                THEN least(now() + make_interval(secs => $14::double precision),
+                           now() + make_interval(
+                               secs => (w.options ->> 'timeoutMs')::double precision / 1000))
+                ELSE now() END,
+           CASE WHEN w.leased THEN 3 ELSE 2 END,
+           CASE WHEN w.leased THEN gen_random_uuid()::text END,
+           CASE WHEN w.leased THEN $13::text END,
+           CASE WHEN w.leased THEN w.invocation_id END,
+           CASE WHEN w.leased THEN now() END,
+           CASE WHEN w.leased THEN now() END,
+           $15::uuid,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
+           w.version, w.pull, $16::smallint,
+           CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
+           -- Begun with no steps: every step the next invocation gets is one written since.
+           CASE WHEN w.leased THEN pg_current_snapshot() END,
+           CASE WHEN w.leased THEN w.invocation_id END
+    FROM w
+    ON CONFLICT DO NOTHING
+    RETURNING *
+),
+e AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
+    SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
+    UNION ALL
+    SELECT id, 2, project_id, 'invocation.started', invocation_id, '{"attempt": 1}'::jsonb
+    FROM r WHERE lease_token IS NOT NULL
+)
+SELECT r.*, w.slug AS app_slug, w.url AS app_url, w.signing_secrets AS app_secrets,
+       coalesce(r.deadline_at <= now(), false) AS past_deadline,
+       CASE WHEN $12::boolean OR w.pull THEN pg_notify('stepline_wake', '') END
+FROM r, w;
+
+-- name: get_run_by_key
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.run_key = $2;
+
+-- name: get_run
+-- The run, its app's slug, the deployment of its last invocation that named one and the SLA
+-- of its schedule.
+SELECT r.*, a.slug AS app_slug,
+       (SELECT e.deployment_id FROM run_events e
+        WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
+        ORDER BY e.seq DESC LIMIT 1) AS deployment_id,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
+FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.id = $2;
+
+-- name: run_steps
+-- (The callback's status is looked up per step, so the plan reads callbacks by key whatever the
+-- statistics said when it was made.)
+SELECT s.*, (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id) AS callback_status
+FROM steps s
+WHERE s.run_id = $1 ORDER BY s.position;
+
+-- name: search_runs
+SELECT r.*, a.slug AS app_slug,
+       (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
+FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1
+  AND ($2::text IS NULL OR r.workflow = $2)
+  AND ($3::run_status IS NULL OR r.status = $3)
+  AND ($4::text IS NULL OR r.run_key = $4)
+  AND ($5::timestamptz IS NULL OR r.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR r.created_at < $6)
+  AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))
+ORDER BY r.created_at DESC, r.id DESC
+LIMIT $9;
+
+-- name: list_logs
+-- The log lines of run $1 (project $2) after seq $3, in order, at most $4.
+SELECT l.* FROM run_logs l
+WHERE l.run_id = $1 AND l.project_id = $2 AND l.seq > $3
+ORDER BY l.seq
+LIMIT $4;
+
+-- name: list_events
+SELECT e.* FROM run_events e
+WHERE e.run_id = $1 AND e.project_id = $2 AND e.seq > $3
+ORDER BY e.seq
+LIMIT $4;
+
+-- name: append_events
+-- $1 run id, $2 jsonb array of {type, step_name, invocation_id, deployment_id, http_status,
+-- duration_ms, data}; numbers them after the run's last event.
+WITH r AS (
+    UPDATE runs SET next_seq = next_seq + jsonb_array_length($2::jsonb)
+    WHERE id = $1
+    RETURNING project_id, next_seq - jsonb_array_length($2::jsonb) AS base
+)
+INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, deployment_id,
+                        http_status, duration_ms, data)
+SELECT $1, r.base + x.ord - 1, r.project_id, x.type, x.step_name, x.invocation_id,
+       x.deployment_id, x.http_status, x.duration_ms, x.data
+FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
+    type text, step_name text, invocation_id uuid, deployment_id text, http_status integer,
+    duration_ms integer, data jsonb)) WITH ORDINALITY AS x(type, step_name, invocation_id,
+    deployment_id, http_status, duration_ms, data, ord);
+
+-- name: insert_child_run
+INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
+                  options, deadline_at, ready_at, definition_version, pull, concurrency_key,
+                  rate_key, priority)
+SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
+       now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
+       now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id),
+       CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+            THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
+       CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+            THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
+       coalesce((SELECT p.priority FROM runs p WHERE p.id = $5), 0)
+FROM workflows w WHERE w.project_id = $2 AND w.name = $3
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: request_cancel
+UPDATE runs SET status = 'cancelling', cancel_requested = true, version = version + 1
+WHERE id = $1 AND status = 'running'
+RETURNING id;
+
+-- name: lock_run
+SELECT * FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
+
+-- name: delete_steps_for_retry
+-- Steps that run again on retry: from the first failed or unfinished step (or fromStep's
+-- position $2, when earlier) every step recorded after it too, so the history replays without
+-- a hole (cleanup steps of a cancel, a callback's notification, parallel siblings run again).
+DELETE FROM steps
+WHERE run_id = $1
+  AND position >= least($2::bigint, (
+      SELECT min(position) FROM steps
+      WHERE run_id = $1 AND status IN ('failed', 'cancelled', 'running', 'retrying')));
+
+-- name: run_trigger
+SELECT trigger FROM runs WHERE id = $1;
+
+-- name: restart_run
+-- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).
+UPDATE runs SET
+    trigger = coalesce($2::text, trigger),
+    status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
+    invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
+    version = version + 1, history_snapshot = NULL, history_invocation = NULL,
+    deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+WHERE id = $1
+RETURNING *;
+
+-- name: active_singleton
+-- The run of workflow $2 (project $1) not ended whose singleton key is input $3's field $4.
+SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.project_id = $1 AND r.workflow = $2 AND r.ended_at IS NULL
+  AND r.singleton_key = (CASE WHEN jsonb_typeof($3::jsonb) = 'object'
+                              THEN $3::jsonb ->> $4::text END);
+
+-- name: children_of
+SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling');
+
+-- name: notify_wake
+SELECT pg_notify('stepline_wake', '');
+
+-- name: ping
+SELECT 1;
+
+-- name: run_invocations
+-- The invocations of run $1 (project $2) begun after history seq $3, in order, each with how
+-- it ended (from its invocation.ended event; none yet while it runs), at most $4.
+SELECT s.seq, s.invocation_id AS id, coalesce((s.data ->> 'attempt')::integer, 1) AS attempt,
+       s.at AS started_at, e.at AS ended_at, e.duration_ms, e.data ->> 'outcome' AS outcome,
+       e.http_status, coalesce(e.deployment_id, s.deployment_id) AS deployment_id,
+       e.data ->> 'error' AS error
+FROM run_events s
+LEFT JOIN LATERAL (
+    SELECT x.* FROM run_events x
+    WHERE x.run_id = s.run_id AND x.seq > s.seq AND x.type = 'invocation.ended'
+      AND x.invocation_id = s.invocation_id
+    ORDER BY x.seq LIMIT 1
+) e ON true
+WHERE s.run_id = $1 AND s.project_id = $2 AND s.type = 'invocation.started' AND s.seq > $3
+ORDER BY s.seq
+LIMIT $4;
+
+-- name: run_counters
+-- How often run $1 was invoked, how many of those could not be delivered, and its steps
+-- completed.
+SELECT count(*) FILTER (WHERE type = 'invocation.started') AS invocations,
+       count(*) FILTER (WHERE type = 'invocation.ended'
+                          AND data ->> 'outcome' = 'delivery_failed') AS delivery_failures,
+       (SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed') AS steps_completed
+FROM run_events WHERE run_id = $1;

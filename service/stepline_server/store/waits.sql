@@ -1,0 +1,176 @@
+-- Waits completed from outside: callbacks, events, child runs, and waking a run.
+
+-- name: cancel_waits
+-- On a cancel request: what waits (sleeps, callbacks, events, children) is cancelled.
+UPDATE steps SET status = 'cancelled', ended_at = now()
+WHERE run_id = $1 AND status IN ('sleeping', 'waiting')
+RETURNING name, kind, child_run_id, callback_id;
+
+-- name: cancel_callbacks
+UPDATE callbacks SET status = 'cancelled', completed_at = now()
+WHERE id = ANY($1::uuid[]) AND status = 'pending';
+
+-- name: resolve_child_step
+UPDATE steps SET status = $3, output = $4, error = $5, ended_at = now()
+WHERE run_id = $1 AND name = $2 AND status = 'waiting'
+RETURNING name;
+
+-- name: wake
+-- Something outside the run moved it: run it now, or right after the active invocation.
+UPDATE runs SET
+    wake_seq = wake_seq + 1,
+    ready_at = CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
+WHERE id = $1 AND status IN ('running', 'cancelling');
+
+-- name: get_callback
+SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
+
+-- name: complete_callback
+-- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
+-- the history says so, and the run wakes (now, or right after its active invocation), with
+-- every orchestrator's dispatcher when $4. When $5 (an orchestrator) is given, a run with no
+-- active invocation and no concurrency cap is leased to it for $6 seconds instead (as
+-- claim_due would lease it), and the row carries what the invocation needs (run_* columns;
+-- run_claimed says whether this statement leased the run).
+WITH c AS (
+    UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
+    WHERE id = $1 AND status = 'pending' AND ($3::uuid IS NULL OR project_id = $3)
+    RETURNING *
+),
+s AS (
+    UPDATE steps SET status = 'completed', output = $2, ended_at = now()
+    FROM c
+    WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
+),
+-- The run, locked: whether to lease it is judged on its latest version.
+k AS (
+    SELECT runs.id, gen_random_uuid()::text AS token, gen_random_uuid() AS invocation_id,
+           runs.lease_token IS NULL AND $5::text IS NOT NULL AND NOT runs.pull
+           AND runs.options ->> 'concurrency' IS NULL AS take
+    FROM runs JOIN c ON runs.id = c.run_id
+    WHERE runs.status IN ('running', 'cancelling')
+    FOR UPDATE OF runs
+),
+r AS (
+    UPDATE runs SET
+        next_seq = next_seq + 2,
+        wake_seq = wake_seq + 1,
+        ready_at = CASE WHEN k.take
+                        THEN least(now() + make_interval(secs => $6::double precision),
+                                   deadline_at)
+                        WHEN lease_token IS NULL THEN now() ELSE ready_at END,
+        lease_token = CASE WHEN k.take THEN k.token ELSE lease_token END,
+        lease_owner = CASE WHEN k.take THEN $5::text ELSE lease_owner END,
+        invocation_id = CASE WHEN k.take THEN k.invocation_id ELSE runs.invocation_id END,
+        claimed_wake_seq = CASE WHEN k.take THEN wake_seq + 1 ELSE claimed_wake_seq END,
+        progress_at = CASE WHEN k.take THEN now() ELSE progress_at END,
+        progress_seq = CASE WHEN k.take THEN 0 ELSE progress_seq END,
+        progress_digest = CASE WHEN k.take THEN NULL ELSE progress_digest END
+    FROM k
+    WHERE runs.id = k.id
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, k.take AS claimed,
+              runs.workflow, runs.input, runs.options, runs.cancel_requested,
+              runs.deadline_at <= now() AS past_deadline, runs.lease_token,
+              runs.invocation_id, runs.invoke_attempts, runs.undelivered_since, runs.app_id,
+              runs.pull
+),
+e AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
+    SELECT r.id, r.base + x.n, r.project_id, x.type, c.step_name, x.data
+    FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
+                       (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
+)
+SELECT c.*, CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END,
+       coalesce(r.claimed, false) AS run_claimed, r.workflow AS run_workflow,
+       r.input AS run_input, r.options AS run_options,
+       r.cancel_requested AS run_cancel_requested,
+       coalesce(r.past_deadline, false) AS run_past_deadline,
+       r.lease_token AS run_lease_token, r.invocation_id AS run_invocation_id,
+       r.invoke_attempts AS run_invoke_attempts,
+       r.undelivered_since AS run_undelivered_since, a.url AS run_app_url,
+       a.signing_secrets AS run_app_secrets
+FROM c LEFT JOIN r ON true LEFT JOIN apps a ON a.id = r.app_id;
+
+-- name: lock_event_name
+-- Serialises sending event $2 of project $1 with recording a wait for it, until the
+-- transaction ends: each then sees what the other committed (an event and a wait committed at
+-- once would otherwise each miss the other). Namespace 1 of the advisory locks.
+SELECT pg_advisory_xact_lock(1, hashtext($1::uuid::text || ':' || $2::text));
+
+-- name: take_recent_event
+-- An event wait just recorded takes the first matching event received since $4 (the wait's
+-- invocation last committed): the event may have raced the wait's own commit.
+UPDATE steps s SET status = 'completed', output = ev.data, ended_at = now()
+FROM (
+    SELECT e.data FROM events e
+    WHERE e.project_id = $2 AND e.name = $5 AND e.received_at >= $4
+      -- Every match field equals the data's (data of any kind matches no match fields).
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof($6::jsonb) = 'object'
+                                        THEN $6::jsonb ELSE '{}'::jsonb END) f
+          WHERE f.value IS DISTINCT FROM
+                CASE WHEN jsonb_typeof(e.data) = 'object' THEN e.data -> f.key END)
+    ORDER BY e.received_at
+    LIMIT 1
+) ev
+WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
+RETURNING s.name;
+
+-- name: insert_event
+-- Records event $1 (project $2, name $3, data $4, the sender's id $5 or NULL); no row when an
+-- event of that id exists (sent before, within the day events are kept).
+INSERT INTO events (id, project_id, name, data, key, received_at)
+VALUES ($1, $2, $3, $4, $5, clock_timestamp())
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: event_answer
+SELECT answer FROM events WHERE id = $1;
+
+-- name: set_event_answer
+UPDATE events SET answer = $2 WHERE id = $1;
+
+-- name: match_event
+-- Completes every step of project $2 waiting for event $3 whose match fields all equal the
+-- data's ($4; $1 the event): each such run's history gets event.received and step.completed,
+-- and the run wakes (now, or right after its active invocation). Answers the runs it woke.
+WITH m AS (
+    UPDATE steps SET status = 'completed', output = $4, ended_at = now()
+    WHERE project_id = $2 AND kind = 'event' AND status = 'waiting' AND event_name = $3
+      -- Every match field equals the data's (data of any kind matches no match fields).
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof(match) = 'object'
+                                        THEN match ELSE '{}'::jsonb END) f
+          WHERE f.value IS DISTINCT FROM
+                CASE WHEN jsonb_typeof($4::jsonb) = 'object' THEN $4::jsonb -> f.key END)
+    RETURNING run_id, name
+),
+numbered AS (
+    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k,
+           count(*) OVER (PARTITION BY run_id) AS n
+    FROM m
+),
+r AS (
+    UPDATE runs SET
+        next_seq = next_seq + 2 * w.n,
+        wake_seq = wake_seq + 1,
+        ready_at = CASE WHEN lease_token IS NULL AND status IN ('running', 'cancelling')
+                        THEN now() ELSE ready_at END
+    FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
+    WHERE runs.id = w.run_id
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base, runs.pull
+),
+history AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
+    SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
+           x.data
+    FROM r JOIN numbered ON numbered.run_id = r.id,
+         (VALUES (0, 'event.received', jsonb_build_object('event', $3::text, 'eventId', $1::uuid::text)),
+                 (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
+)
+-- A pull app's run wakes every orchestrator: their workers' polls claim it.
+SELECT id, CASE WHEN pull THEN pg_notify('stepline_wake', '') END FROM r;
+
+-- name: event_workflows
+-- The workflows of project $1 that every event named $2 starts a run of.
+SELECT name FROM workflows WHERE project_id = $1 AND options ->> 'onEvent' = $2 ORDER BY name;
