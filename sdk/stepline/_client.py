@@ -242,6 +242,22 @@ class _Api(Generic[_D, _N, _I]):
         """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""
         return self._json(_Request("GET", _path("workflows"), _params(limit=limit, cursor=cursor)))
 
+    def pause_workflow(self, name: str) -> _D:
+        """Stop invoking the workflow's runs (they may still be started and woken)."""
+        return self._json(_Request("POST", _path("workflows", name, "pause")))
+
+    def resume_workflow(self, name: str) -> _D:
+        """Invoke the workflow's runs again, the waiting ones in their usual order."""
+        return self._json(_Request("POST", _path("workflows", name, "resume")))
+
+    def pause_app(self, id_or_slug: str) -> _D:
+        """Stop invoking the app's runs (they may still be started and woken)."""
+        return self._json(_Request("POST", _path("apps", id_or_slug, "pause")))
+
+    def resume_app(self, id_or_slug: str) -> _D:
+        """Invoke the app's runs again, the waiting ones in their usual order."""
+        return self._json(_Request("POST", _path("apps", id_or_slug, "resume")))
+
     # runs
 
     def start_run(

@@ -498,9 +498,12 @@ class Context:
         return False
 
     def next_invocation(self, request: protocol.InvokeRequest) -> None:
-        """Go on as invocation ``request`` (a parked execution resumed): its attempt, a log
-        buffer of its own (each invocation's lines are capped and sent as one invocation's),
-        and only the futures still pending."""
+        """Go on as invocation ``request`` (a parked execution resumed): its records (the
+        history it brings, laid over the one it was built on: a callback completed while the
+        run slept is seen when the workflow awaits it), its attempt, a log buffer of its own
+        (each invocation's lines are capped and sent as one invocation's), and only the futures
+        still pending."""
+        self._records = {r.name: r for r in sorted(request.steps, key=lambda s: s.position)}
         self.attempt = request.attempt
         self.logs = LogBuffer()
         self.log.rebind(self.logs)

@@ -30,9 +30,10 @@ from stepline._errors import (
 )
 from stepline._history import thaw
 from stepline._logs import capturing
+from stepline._parked import adoptable
 from stepline._transport import ProgressSender, StaleInvocation
 from stepline._workflow import WorkflowDef
-from stepline.protocol import Action, InvokeStatus, StepStatus, StepUpdate
+from stepline.protocol import Action, InvokeStatus, StepUpdate
 
 logger = logging.getLogger("stepline")
 
@@ -110,9 +111,12 @@ class Invocation:
     ) -> list[asyncio.Future[Any]] | None:
         """The sleeps to end when ``request``, the run's next invocation, bringing ``changed``
         (what changed since this parked one), goes on with this execution; None when it must
-        replay instead. It goes on only when everything changed is explained: sleeps it waits
-        on that ended (one at least), steps it met itself and saw end, and every step its answer
-        reported (an answer that was lost left the history without them)."""
+        replay instead. It goes on only when it can take in everything changed (see
+        :func:`stepline._parked.adoptable`): sleeps it waits on that ended (one at least), and
+        steps it met that ended since (their records are adopted by :meth:`resume`, so a
+        callback completed or timed out while the run slept is seen when it is awaited), with
+        every step its answer reported among them (an answer that was lost left the history
+        without them)."""
         if (
             not self.parked
             or request.run_id != self.request.run_id
@@ -125,21 +129,10 @@ class Invocation:
         sleeps = self.ctx.pending_sleeps()
         if sleeps is None:
             return None
-        ending: list[asyncio.Future[Any]] = []
-        for record in changed:
-            if record.name in sleeps:
-                if record.status is StepStatus.COMPLETED:
-                    ending.append(sleeps[record.name])
-                elif record.status is not StepStatus.SLEEPING:
-                    return None
-            elif not (
-                self.ctx.reached(record.name)
-                and record.status in (StepStatus.COMPLETED, StepStatus.FAILED)
-            ):
-                return None
-        if not ending or not self.sent <= {record.name for record in changed}:
+        ending = adoptable(changed, sleeps, self.ctx.reached, self.sent)
+        if ending is None:
             return None
-        return ending
+        return [sleeps[name] for name in ending]
 
     async def resume(
         self,
@@ -152,7 +145,7 @@ class Invocation:
         assert self.task is not None
         self.request, self.traceparent = request, traceparent
         self.buffer, self.progress_calls, self.parked, self.sent = [], 0, False, set()
-        self.ctx.next_invocation(request)
+        self.ctx.next_invocation(request)  # adopts the records the invocation brings
         for future in ending:
             self._resolve(future, None)
         return await self._go(self.task)

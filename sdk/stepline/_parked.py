@@ -3,10 +3,12 @@
 When an invocation suspends with every branch of the workflow waiting on a sleep, its execution
 (the workflow's task, suspended where it awaits) may stay in memory. If the run's next
 invocation comes to this process, builds on that invocation and brings only what the execution
-already explains (the sleeps it waits on ended, the steps it met itself), the sleeps return and
-the workflow goes on from there: no replay, so each iteration of a long loop costs the same.
-Anything else (another process got an invocation in between, a callback came, the run was
-cancelled, an answer was lost) and the execution is let go and the run replays as always.
+can take in (:func:`adoptable`: the sleeps it waits on ended, steps it met ended since, a
+callback it made completed or timed out while it slept), it adopts those records, the sleeps
+return and the workflow goes on from there: no replay, so each iteration of a long loop costs
+the same. Anything else (another process got an invocation in between, a step it never met
+changed, the run was cancelled, an answer was lost) and the execution is let go and the run
+replays as always.
 
 At most ``max_runs`` executions are kept, none longer than ``max_seconds``; the oldest go first.
 """
@@ -15,13 +17,46 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from stepline.protocol import StepRecord, StepStatus
 
 if TYPE_CHECKING:
     from stepline._engine import Invocation
 
 DEFAULT_MAX_RUNS = 256
 DEFAULT_MAX_SECONDS = 600.0
+
+
+_ENDED = (StepStatus.COMPLETED, StepStatus.FAILED)
+
+
+def adoptable(
+    changed: list[StepRecord],
+    sleeps: Mapping[str, Any],
+    reached: Callable[[str], bool],
+    sent: Collection[str],
+) -> list[str] | None:
+    """The names of the ``sleeps`` (pending, by step name) that end when a parked execution
+    takes in ``changed``, the records its next invocation brings; None when it cannot take them
+    in and must replay. It can when every changed record is one of its pending sleeps, ended or
+    still sleeping, or a step it ``reached`` that has ended (its own step's result, or a
+    callback it made that was completed or timed out while it slept: adopted, the workflow sees
+    it when it awaits it); at least one sleep ends; and every step its last answer reported
+    (``sent``) is among them (else that answer was lost)."""
+    ending: list[str] = []
+    for record in changed:
+        if record.name in sleeps:
+            if record.status is StepStatus.COMPLETED:
+                ending.append(record.name)
+            elif record.status is not StepStatus.SLEEPING:
+                return None
+        elif not (reached(record.name) and record.status in _ENDED):
+            return None
+    if not ending or not set(sent) <= {record.name for record in changed}:
+        return None
+    return ending
 
 
 class ParkedRuns:

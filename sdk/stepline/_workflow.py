@@ -289,6 +289,7 @@ class Stepline:
             workflows=[w.info() for w in self._workflows.values()],
             deploymentId=self.deployment_id,
             sdkVersion=__version__,
+            protocolVersion=protocol.PROTOCOL_VERSION,
         )
 
     def asgi(self) -> Handler:

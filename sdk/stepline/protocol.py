@@ -34,7 +34,17 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""The newest protocol version both ends speak; an app declares its own in ``describe``
+(``protocolVersion``) and the orchestrator uses only what that version has:
+
+- 1: every invocation carries the run's whole history (an app that declares no version).
+- 2: an invocation may carry only what changed since an earlier one (``historyBase``), and the
+  ``steps`` exchange fetches the whole history.
+"""
+
+OLDEST_PROTOCOL_VERSION = 1
+"""The oldest protocol version the orchestrator still speaks."""
 
 INLINE_RESULT_BYTES = 256 * 1024
 """Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
@@ -225,7 +235,9 @@ class DescribeResponse(_Model):
     workflows: list[WorkflowInfo]
     deployment_id: str | None = Field(default=None, alias="deploymentId")
     sdk_version: str | None = Field(default=None, alias="sdkVersion")
-    protocol: int = PROTOCOL_VERSION
+    protocol: int = 1  # what SDKs before protocol versions sent; read protocol_version
+    protocol_version: int | None = Field(default=None, alias="protocolVersion", ge=1)
+    """The protocol version the app speaks (:data:`PROTOCOL_VERSION`); None: version 1."""
 
 
 class StepUpdate(_Model):

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stepline.protocol import DescribeResponse
+from stepline.protocol import OLDEST_PROTOCOL_VERSION, DescribeResponse
 from stepline_server.store import apps
 from stepline_server.store.db import Record
 
@@ -55,6 +55,13 @@ async def register(o: Orchestrator, row: Record, described: DescribeResponse) ->
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
         workflows.append((wf.name, options))
     async with o.pool.acquire() as conn, conn.transaction():
-        synced = await apps.record_sync(conn, row, workflows, described.deployment_id)
+        synced = await apps.record_sync(
+            conn,
+            row,
+            workflows,
+            described.deployment_id,
+            protocol_version=described.protocol_version or OLDEST_PROTOCOL_VERSION,
+            sdk_version=described.sdk_version,
+        )
         await o.after_sync(conn, synced, described)
     return Synced(synced, workflows)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
 from stepline_server.engine import history
-from stepline_server.store import apps, runs, schedules
+from stepline_server.store import apps, pause, runs, schedules
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ async def run_json(
         data["invocations"] = counted["invocations"]
         data["deliveryFailures"] = counted["delivery_failures"]
         data["stepsCompleted"] = counted["steps_completed"]
+        data["paused"] = await pause.run_paused(conn, row["id"])
         size = history.size_of(steps or [])
         data["history"] = {"steps": size.steps, "bytes": size.bytes}
         if limits is not None:

@@ -29,6 +29,10 @@ def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
         "updatedAt": ts(row["updated_at"]),
         "syncedAt": ts(row["synced_at"]),
         "lastPolledAt": ts(row["polled_at"]),
+        "protocolVersion": row["protocol_version"],
+        "sdkVersion": row["sdk_version"],
+        "paused": row["paused_at"] is not None,
+        "pausedAt": ts(row["paused_at"]),
     }
     if secret:
         data["signingSecret"] = row["signing_secrets"][0]
@@ -40,6 +44,8 @@ def workflow(row: Record) -> dict[str, Any]:
     return {
         "name": row["name"],
         "app": row["app_slug"],
+        "paused": row["paused_at"] is not None,
+        "pausedAt": ts(row["paused_at"]),
         "options": options,
         "inputSchema": options.get("inputSchema"),
         "outputSchema": options.get("outputSchema"),

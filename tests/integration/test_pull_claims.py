@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from stepline_server.store import apps, db, dispatch, keys, pull, runs
+from stepline_server.store import apps, db, dispatch, keys, leases, pull, runs
 
 P = keys.DEFAULT_PROJECT
 
@@ -22,12 +22,13 @@ async def _apps_with_runs(conn: db.Conn, n: int) -> tuple[uuid.UUID, list[uuid.U
     for workflow in ("pulled-wf", "pushed-wf"):
         for _ in range(n):
             new = runs.NewRun(uuid.uuid4(), P, workflow, None)
-            lease = runs.Lease("here", 30) if workflow == "pulled-wf" else None
-            row = await runs.insert(conn, new, lease=lease)
-            assert row is not None
-            if workflow == "pulled-wf":
-                assert row["lease_token"] is None  # never created leased: its workers poll
-                mine.append(new.id)
+            async with conn.transaction():
+                row = await runs.insert(conn, new)
+                assert row is not None
+                if workflow == "pulled-wf":
+                    # Never taken at once: its workers poll.
+                    assert await leases.take_now(conn, row["id"], leases.Lease("here", 30)) is None
+                    mine.append(new.id)
     return pulled["id"], mine
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from stepline.protocol import Action, StepKind, StepUpdate
 from stepline_server.engine.steps import Plan, plan_updates
 from stepline_server.loops.batcher import ProgressBatcher
-from stepline_server.store import apps, db, dispatch, keys, runs, waits
+from stepline_server.store import apps, db, dispatch, keys, leases, runs, waits
 
 
 async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid.UUID]]:
@@ -224,25 +224,29 @@ async def test_a_sleep_counts_from_when_the_workflow_reached_it(database_url: st
 async def test_a_run_created_leased_is_begun_and_a_capped_one_is_left_to_the_claim(
     database_url: str,
 ) -> None:
-    """Created with a lease, a run needs no claim: its first invocation has begun, and progress
-    under the lease goes on from there. A workflow with a concurrency cap ignores the lease, so
-    the claim keeps judging its cap."""
+    """Taken at once with a lease, a run needs no claim: its first invocation has begun, and
+    progress under the lease goes on from there. A workflow with a concurrency cap is not taken
+    at once, so the claim keeps judging its cap."""
     await keys_bootstrap(database_url)
     conn = await db.connect(database_url)
     try:
         app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
         await apps.record_sync(conn, app, [("wf", {}), ("capped", {"concurrency": 1})], None)
-        lease = runs.Lease("here", 60)
-        free = await runs.insert(
-            conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", 1), lease=lease
-        )
-        capped = await runs.insert(
-            conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "capped", 2), lease=lease
-        )
-        assert free is not None and capped is not None
-        assert free["lease_owner"] == "here" and free["lease_token"] is not None
+        lease = leases.Lease("here", 60)
+        taken = {}
+        for workflow, value in (("wf", 1), ("capped", 2)):
+            async with conn.transaction():
+                row = await runs.insert(
+                    conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, workflow, value)
+                )
+                assert row is not None
+                taken[workflow] = (row, await leases.take_now(conn, row["id"], lease))
+        (_, now), (capped, not_taken) = taken["wf"], taken["capped"]
+        assert now is not None and not_taken is None
+        free = now.claim
+        assert free["lease_token"] is not None and free["generation"] == 1
         assert free["app_url"] == "http://127.0.0.1:9/" and not free["past_deadline"]
-        assert capped["lease_token"] is None
+        assert now.begun is not None and now.begun.steps == []
 
         claimed = await dispatch.claim(conn, "other", 60, 10)
         assert [r["id"] for r in claimed] == [capped["id"]]
@@ -282,26 +286,16 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
                 conn, [dispatch.Progress(rid, tok, iid, plan, outcome=suspend)]
             )
 
-        lease = runs.Lease("here", 60)
+        lease = leases.Lease("here", 60)
         done = await waits.complete_callback(conn, callbacks[run_id], None, {"ok": 1}, lease=lease)
-        assert done.completed and done.claim is not None
-        claim = done.claim
+        assert done.completed and done.taken is not None and done.taken.begun is not None
+        claim = done.taken.claim
         assert claim["id"] == run_id and claim["lease_token"] not in (None, token)
         assert claim["app_url"] == "http://127.0.0.1:9/" and claim["invoke_attempts"] == 0
         assert await dispatch.claim(conn, "other", 60, 10) == []
 
-        steps = await dispatch.begin_invocations(
-            conn,
-            [
-                dispatch.Begin(
-                    run_id,
-                    claim["lease_token"],
-                    claim["invocation_id"],
-                    claim["invoke_attempts"] + 1,
-                )
-            ],
-        )
-        assert [(s["name"], s["status"], s["output"]) for s in steps[run_id].steps] == [
+        steps = done.taken.begun.steps
+        assert [(s["name"], s["status"], s["output"]) for s in steps] == [
             ("cb", "completed", {"ok": 1})
         ]
         again = dispatch.Progress(
@@ -322,7 +316,7 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
         ]
 
         busy = await waits.complete_callback(conn, callbacks[busy_id], None, None, lease=lease)
-        assert busy.completed and busy.claim is None
+        assert busy.completed and busy.taken is None
         row = await conn.fetchrow("SELECT lease_token FROM runs WHERE id = $1", busy_id)
         assert row["lease_token"] == busy_token
     finally:

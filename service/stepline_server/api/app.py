@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
+from stepline_server.api import routes_pause as pause
 from stepline_server.api import routes_protocol as protocol
 from stepline_server.api import routes_pull as pull
 from stepline_server.api import routes_results as results
@@ -52,7 +53,11 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
     Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
     Route("/v1/apps/{app}/poll", pull.poll, methods=["POST"]),
+    Route("/v1/apps/{app}/pause", pause.pause_app, methods=["POST"]),
+    Route("/v1/apps/{app}/resume", pause.resume_app, methods=["POST"]),
     Route("/v1/workflows", apps.list_workflows, methods=["GET"]),
+    Route("/v1/workflows/{name}/pause", pause.pause_workflow, methods=["POST"]),
+    Route("/v1/workflows/{name}/resume", pause.resume_workflow, methods=["POST"]),
     Route("/v1/runs", runs.start_run, methods=["POST"]),
     Route("/v1/runs", runs.list_runs, methods=["GET"]),
     Route("/v1/runs/{runId}", runs.get_run, methods=["GET"]),

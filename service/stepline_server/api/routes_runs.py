@@ -27,7 +27,7 @@ from stepline_server.api.errors import (
 from stepline_server.api.responses import json_response, read_model
 from stepline_server.engine import ids, inputs
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, runs, waits
+from stepline_server.store import apps, leases, runs, waits
 from stepline_server.store.db import Conn, Record
 
 MAX_WAIT = 60.0
@@ -61,7 +61,7 @@ async def start_run(request: Request) -> Response:
     # room); the others hear of it only when it has none.
     notify = o.dispatcher.tell_others()
     with o.dispatcher.slot() as slot:
-        async with o.pool.acquire() as conn:
+        async with o.pool.acquire() as conn, conn.transaction():
             wf = await apps.workflow(conn, pid, body.workflow)
             if wf is None:
                 raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
@@ -72,13 +72,14 @@ async def start_run(request: Request) -> Response:
                     + ", ".join(problems),
                     {"fields": problems},
                 )
-            row, deduplicated = await _create(conn, wf, body, new, notify=notify, lease=slot.lease)
+            row, deduplicated = await _create(conn, wf, body, new, notify=notify)
             if row["id"] != new.id:  # the run its key or singleton key names
                 answer = await reads.run_json(conn, row, callback_url=reads.callback_url(o))
                 if deduplicated:
                     answer["deduplicated"] = True
                 return json_response(answer, 200)
-        slot.take(row)
+            taken = await leases.take_now(conn, row["id"], slot.lease) if slot.lease else None
+        slot.take(taken)
     o.metrics.run_started(body.workflow, "api")
     return json_response(serialize.run(row, row["app_slug"], []), 201)
 
@@ -90,13 +91,12 @@ async def _create(
     new: runs.NewRun,
     *,
     notify: bool,
-    lease: runs.Lease | None,
 ) -> tuple[Record, bool]:
     """The run created, or the existing run its key names when that has the same workflow and
     input, or (True) the active run of its singleton key; 409 when the key names another
     run."""
     for _ in range(3):
-        row = await runs.insert(conn, new, notify=notify, lease=lease)
+        row = await runs.insert(conn, new, notify=notify)
         if row is not None:
             return row, False
         if body.run_key is not None:

@@ -52,7 +52,7 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
                 f"the callback is already {row['status']}; its first body is kept",
                 {"status": row["status"]},
             )
-        slot.take(done.claim, begun=False)
+        slot.take(done.taken)
     return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
 
 

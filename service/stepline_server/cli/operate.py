@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import httpx
 
 import stepline
-from stepline_server.cli import output
+from stepline_server.cli import output, pausing
 from stepline_server.settings import operator_from_env
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timedOut"})
@@ -350,7 +350,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("name")
     p.add_argument("--data", help="the event's data, as JSON")
 
-    apps = group("apps", "apps: list, register, sync")
+    apps = group("apps", "apps: list, register, sync, pause, resume")
     p = leaf(apps, "list", apps_list, "registered apps")
     p.add_argument("--limit", type=int, default=100)
     p = leaf(apps, "register", apps_register, "register an app; prints its signing secret")
@@ -365,6 +365,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
     p.add_argument("app", help="the app's id, slug or name")
+    pausing.add_commands(sub, apps, leaf)
 
     schedules = group("schedules", "cron schedules: list, pause, resume, trigger")
     p = leaf(schedules, "list", schedules_list, "schedules")

@@ -63,6 +63,14 @@ def check_retry(status: str) -> None:
         )
 
 
+def singleton_taken(holder: object) -> str:
+    """Why a run cannot go again: run ``holder``, not ended, has its singleton key."""
+    return (
+        f"run {holder} of the same workflow holds this run's singleton key and has not ended;"
+        " retry this run once it has"
+    )
+
+
 DELIVERY_BACKOFF_MS = 1000
 DELIVERY_BACKOFF_CAP_MS = 5 * 60 * 1000
 

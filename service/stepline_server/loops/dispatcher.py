@@ -26,7 +26,7 @@ from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.pollers import Pollers
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import db, dispatch, runs
+from stepline_server.store import db, dispatch, leases
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
@@ -114,12 +114,13 @@ class Dispatcher:
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[Slot]:
-        """Room for one run that the caller creates leased to this orchestrator, so that its
-        app is called without a claim (:func:`stepline_server.store.runs.insert`).
-        ``slot.lease`` is None when the dispatcher is full or not running; the created row goes to
-        ``slot.take``. Room not taken is given back on leaving."""
+        """Room for one run that the caller leases to this orchestrator at once (a run it
+        starts, or one a callback wakes), so that its app is called without a claim
+        (:func:`stepline_server.store.leases.take_now`). ``slot.lease`` is None when the
+        dispatcher is full or not running; what was taken goes to ``slot.take``. Room not
+        taken is given back on leaving."""
         room = self._running and self._room() > 0
-        lease = runs.Lease(self.owner, self.settings.lease_seconds) if room else None
+        lease = self.lease() if room else None
         if room:
             self._reserved += 1
         try:
@@ -128,17 +129,19 @@ class Dispatcher:
             if room:
                 self._reserved -= 1
 
-    def _adopt(self, claim: Mapping[str, Any], begun: bool) -> None:
-        """Invoke a run that was leased to this orchestrator as it was written: ``begun``, its
-        invocation has begun (a new run: no steps yet), else it begins first."""
+    def lease(self) -> leases.Lease:
+        """The lease this dispatcher takes runs under: its owner and lease length, the runs it
+        invokes now (never leased again while it does) and whether lapsed leases may be taken
+        over (not for a lease after the database was away)."""
+        return leases.Lease(
+            self.owner, self.settings.lease_seconds, tuple(self._inflight), self._takeovers()
+        )
+
+    def _adopt(self, taken: leases.Taken) -> None:
+        """Invoke a run leased to this orchestrator at once, its invocation begun."""
+        claim = taken.claim
         self._inflight[claim["id"]] = claim["lease_token"]
-        if begun:
-            fresh = dispatch.Begun(
-                steps=[], wait_s=0.0, history_base=None, history_steps=0, history_bytes=0
-            )
-            self._spawn(self._handle(claim, fresh), f"invoke-{claim['id']}", frees_slot=True)
-        else:
-            self._queue_begin([claim])
+        self._spawn(self._handle(claim, taken.begun), f"invoke-{claim['id']}", frees_slot=True)
 
     async def run(self) -> None:
         """Claim and invoke forever, riding out a lost database: the loop takes another
@@ -169,14 +172,8 @@ class Dispatcher:
             claimed: list[Record] = []
             if free > 0:
                 asked = time.monotonic()
-                claimed = await dispatch.claim(
-                    conn,
-                    self.owner,
-                    self.settings.lease_seconds,
-                    free,
-                    self.settings.timer_lead_seconds,
-                    takeovers=self._takeovers(),
-                    holding=list(self._inflight),
+                claimed = await dispatch.claim_leased(
+                    conn, self.lease(), free, self.settings.timer_lead_seconds
                 )
                 if claimed:
                     self.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
@@ -562,16 +559,16 @@ class Dispatcher:
 class Slot:
     """See :meth:`Dispatcher.slot`."""
 
-    def __init__(self, dispatcher: Dispatcher, lease: runs.Lease | None) -> None:
+    def __init__(self, dispatcher: Dispatcher, lease: leases.Lease | None) -> None:
         self.lease = lease
         self._dispatcher = dispatcher
 
-    def take(self, claim: Mapping[str, Any] | None, *, begun: bool = True) -> None:
-        """Invoke the run of ``claim`` (a row that leased it here; ``begun``: with its
-        invocation begun) now, else have the dispatcher claim what is due."""
-        if self.lease is not None and claim is not None and claim["lease_token"] is not None:
+    def take(self, taken: leases.Taken | None) -> None:
+        """Invoke the run leased at once (``taken``), else have the dispatcher claim what is
+        due."""
+        if self.lease is not None and taken is not None:
             self.lease = None  # taken once
-            self._dispatcher._adopt(claim, begun)
+            self._dispatcher._adopt(taken)
         else:
             self._dispatcher.wake()
 

@@ -67,8 +67,12 @@ class PullInvocations:
         return []
 
     async def _claim(self, conn: Conn, app_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
-        owner = self.dispatcher.owner
-        claimed = await pull.claim(conn, app_id, owner, self.settings.lease_seconds, limit)
+        # The dispatcher's lease: no takeovers for a lease after the database was away (a
+        # worker's beats could not land either).
+        lease = self.dispatcher.lease()
+        claimed = await pull.claim(
+            conn, app_id, lease.owner, lease.seconds, limit, takeovers=lease.takeovers
+        )
         if not claimed:
             return []
         self.dispatcher.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))

@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from stepline.protocol import PROTOCOL_VERSION
+from stepline_server.store import runs
 from stepline_server.store.db import Conn, Q, Record
 
 _UNIQUE_NAME = "apps_project_id_name_key"  # UNIQUE (project_id, name) in schema.sql
@@ -85,10 +87,25 @@ async def update(
 
 
 async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
-    """Delete the app with its workflows and runs, its runs locked in id order first."""
+    """Delete the app with its workflows and runs, its runs (and their parents) locked in id
+    order first. A run of another app waiting for a child run of this one has that invoke step
+    failed (``child_deleted``) and wakes: it never waits for a child that is gone."""
     async with conn.transaction():
         await conn.execute(Q["lock_app_runs"], project_id, app_id)
+        error = {
+            "type": "ChildWorkflowFailed",
+            "code": "child_deleted",
+            "message": "the child run was deleted with its app",
+        }
+        orphaned = await conn.fetch(Q["fail_orphaned_parents"], project_id, app_id, error)
+        for row in orphaned:
+            data = {"kind": "invoke", "childRunId": str(row["child_id"]), "error": error}
+            event = {"type": "step.failed", "step_name": row["name"], "data": data}
+            await runs.append_events(conn, row["run_id"], [event])
+            await conn.execute(Q["wake"], row["run_id"])
         await conn.execute(Q["delete_app"], project_id, app_id)
+        if orphaned:
+            await conn.execute(Q["notify_wake"])
 
 
 async def record_sync(
@@ -96,8 +113,12 @@ async def record_sync(
     app: Record,
     workflows: list[tuple[str, dict[str, Any]]],
     deployment_id: str | None,
+    *,
+    protocol_version: int = PROTOCOL_VERSION,
+    sdk_version: str | None = None,
 ) -> Record:
-    """Store what a sync found: the app's workflows and its deployment id. A sync that
+    """Store what a sync found: the app's workflows, its deployment id and the protocol
+    version and SDK version it declared (invocations use only that version's features). A sync that
     changes the app's workflows (names, options, schemas) makes the environment's next
     definitions version, which they then carry (and the runs started under them)."""
     env = app["project_id"]
@@ -110,7 +131,9 @@ async def record_sync(
             version = await conn.fetchval(Q["next_definitions_version"], env)
         for name, options in workflows:
             await conn.execute(Q["upsert_workflow"], env, name, app["id"], options, version)
-        row = await conn.fetchrow(Q["app_synced"], app["id"], deployment_id)
+        row = await conn.fetchrow(
+            Q["app_synced"], app["id"], deployment_id, protocol_version, sdk_version
+        )
     assert row is not None
     return row
 

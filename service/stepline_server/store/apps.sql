@@ -31,17 +31,37 @@ WHERE project_id = $1 AND id = $2
 RETURNING *;
 
 -- name: lock_app_runs
--- Locks the runs of app $2 of project $1 in id order, as every statement that locks several
--- runs does, so deleting the app (whose cascade takes them in the order they lie) never
--- deadlocks with a group commit or an invocation's end holding some of them.
-SELECT id FROM runs WHERE app_id = $2 AND project_id = $1 ORDER BY id FOR UPDATE;
+-- Locks the runs of app $2 of project $1, and the runs of other apps whose child runs they
+-- are, in id order, as every statement that locks several runs does, so deleting the app
+-- (whose cascade takes them in the order they lie) never deadlocks with a group commit or an
+-- invocation's end holding some of them.
+SELECT id FROM runs
+WHERE (app_id = $2 AND project_id = $1)
+   OR id IN (SELECT c.parent_run_id FROM runs c
+             WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL)
+ORDER BY id FOR UPDATE;
+
+-- name: fail_orphaned_parents
+-- Before app $2 of project $1 is deleted: every run of another app waiting on an invoke step
+-- for a child run of this app gets that step failed (child_deleted, $3 the error): no parent
+-- waits forever for a child that no longer exists. Answers the parents and their steps.
+UPDATE steps s SET status = 'failed', error = $3::jsonb, ended_at = now()
+FROM runs c
+WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL
+  AND s.run_id = c.parent_run_id AND s.name = c.parent_step
+  AND s.kind = 'invoke' AND s.status = 'waiting'
+  AND s.run_id NOT IN (SELECT id FROM runs WHERE app_id = $2)
+RETURNING s.run_id, s.name, c.id AS child_id;
 
 -- name: delete_app
 -- Deletes app $2 of project $1 with its workflows and runs (by cascade).
 DELETE FROM apps WHERE project_id = $1 AND id = $2;
 
 -- name: app_synced
-UPDATE apps SET synced_at = now(), deployment_id = $2 WHERE id = $1 RETURNING *;
+-- App $1 synced now: its deployment $2, and the protocol version $3 and SDK version $4 it
+-- declared (only that protocol's features are used when invoking it).
+UPDATE apps SET synced_at = now(), deployment_id = $2, protocol_version = $3, sdk_version = $4
+WHERE id = $1 RETURNING *;
 
 -- name: upsert_workflow
 -- Stores a synced workflow; $5: the definitions version it changed in (NULL: it did not).

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from asyncpg import UniqueViolationError
+
 from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine import rates
@@ -27,34 +29,34 @@ async def claim(
     takeovers: bool = True,
     holding: Sequence[uuid.UUID] = (),
 ) -> list[Record]:
-    """Lease up to ``limit`` runs due within ``lead`` seconds to this orchestrator, higher
-    priority first; each row's ``due_in`` says in how many seconds it is due. Runs of a workflow
-    with a concurrency cap are claimed one workflow at a time under its lock
-    (:func:`claim_capped`), and runs of a workflow with a rate limit that have not started yet
-    one rate key value at a time under its lock (:func:`claim_rate_limited`). Without
-    ``takeovers``, runs whose lease expired are left to their holders. ``holding``: the runs this
-    orchestrator is invoking now, never taken again while it does (a beat that came late
-    let their leases run out, but their invocations are alive)."""
+    """Lease up to ``limit`` runs due within ``lead`` seconds to ``owner`` for
+    ``lease_seconds`` (:class:`Lease` says what ``takeovers`` and ``holding`` mean), higher
+    priority first; see :func:`claim_leased`."""
+    return await claim_leased(conn, Lease(owner, lease_seconds, holding, takeovers), limit, lead)
+
+
+async def claim_leased(conn: Conn, lease: Lease, limit: int, lead: float = 0.0) -> list[Record]:
+    """Lease up to ``limit`` runs due within ``lead`` seconds under ``lease``, higher priority
+    first; each row's ``due_in`` says in how many seconds it is due. Runs of a workflow with a
+    concurrency cap are claimed one workflow at a time under its lock (:func:`claim_capped`),
+    and runs of a workflow with a rate limit that have not started yet one rate key value at a
+    time under its lock (:func:`claim_rate_limited`). Every claim leases through the one lease
+    transition (``lease_runs``): the runs ``lease.holding`` names are never taken again, and
+    without ``lease.takeovers`` runs whose lease expired are left to their holders."""
     claimed = list(
         await conn.fetch(
-            Q["claim_due"], limit, owner, lease_seconds, lead, takeovers, list(holding)
+            Q["claim_due"], limit, lease.owner, lease.seconds, lead, lease.takeovers,
+            list(lease.holding),
         )
-    )
+    )  # fmt: skip
     room = limit - len(claimed)
     if room > 0:
         groups = await conn.fetch(Q["due_gated_groups"])
-        claimed += await claim_gated(conn, groups, owner, lease_seconds, room, takeovers)
+        claimed += await claim_gated(conn, groups, lease, room)
     return claimed
 
 
-async def claim_gated(
-    conn: Conn,
-    groups: list[Record],
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    takeovers: bool = True,
-) -> list[Record]:
+async def claim_gated(conn: Conn, groups: list[Record], lease: Lease, limit: int) -> list[Record]:
     """Lease up to ``limit`` runs of the gated ``groups`` (rows of ``due_gated_groups``): a
     capped group under its cap's lock, a rate-limited one under its limit's."""
     claimed: list[Record] = []
@@ -65,12 +67,24 @@ async def claim_gated(
         pid, workflow, key = group["project_id"], group["workflow"], group["key"]
         if group["kind"] == "capped":
             capped = Capped(pid, workflow, key, group["cap"])
-            claimed += await claim_capped(conn, capped, owner, lease_seconds, room, takeovers)
+            claimed += await claim_capped(conn, capped, lease, room)
         else:
             period = timedelta(milliseconds=group["period_ms"])
             limited = RateLimited(pid, workflow, key, rates.RateLimit(group["cap"], period))
-            claimed += await claim_rate_limited(conn, limited, owner, lease_seconds, room)
+            claimed += await claim_rate_limited(conn, limited, lease, room)
     return claimed
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a claim leases under: its holder, how long a lease lasts, the runs the holder is
+    invoking now (never leased again while it does) and whether lapsed leases may be taken
+    over (not just after the database was away)."""
+
+    owner: str
+    seconds: float
+    holding: Sequence[uuid.UUID] = ()
+    takeovers: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,7 @@ class RateLimited:
 
 
 async def claim_rate_limited(
-    conn: Conn, limited: RateLimited, owner: str, lease_seconds: float, limit: int
+    conn: Conn, limited: RateLimited, lease: Lease, limit: int
 ) -> list[Record]:
     """Lease up to ``limit`` of a rate-limited workflow's due runs that have not started yet (of
     one key value), higher priority first, as far as its window has room; the others come due
@@ -101,10 +115,9 @@ async def claim_rate_limited(
         now = window["now"]
         times = rates.start_times(limited.rate, window["starts"], now, window["waiting"])
         take = min(limit, rates.room(times, now))
+        how = (lease.owner, lease.seconds, list(lease.holding), lease.takeovers)
         claimed = (
-            list(await conn.fetch(Q["claim_rate_limited"], *group, take, owner, lease_seconds))
-            if take > 0
-            else []
+            list(await conn.fetch(Q["claim_rate_limited"], *group, take, *how)) if take > 0 else []
         )
         later = times[len(claimed) :]
         if any(t > now for t in later):
@@ -123,22 +136,20 @@ class Capped:
     cap: int
 
 
-async def claim_capped(
-    conn: Conn,
-    capped: Capped,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    takeovers: bool = True,
-) -> list[Record]:
+async def claim_capped(conn: Conn, capped: Capped, lease: Lease, limit: int) -> list[Record]:
     """Lease up to ``limit`` of a capped workflow's due or held runs (of one key value), oldest
     first, as far as its cap has room; hold its other due runs when the cap is full. The count
     and the leases are taken under the cap's lock, so two orchestrators never both see the same
     room."""
     async with conn.transaction():
         await conn.execute(Q["lock_workflow"], capped.project_id, capped.workflow, capped.key)
-        args = (capped.workflow, capped.cap, owner, lease_seconds, limit, capped.key, takeovers)
-        return list(await conn.fetch(Q["claim_capped"], capped.project_id, *args))
+        args = (capped.workflow, capped.cap, lease.owner, lease.seconds, limit, capped.key)
+        return list(
+            await conn.fetch(
+                Q["claim_capped"], capped.project_id, *args, lease.takeovers,
+                list(lease.holding),
+            )
+        )  # fmt: skip
 
 
 async def release_held(conn: Conn, capped: Capped | None = None) -> int:
@@ -419,29 +430,33 @@ async def _start_child(
         return
     existing = await conn.fetchrow(Q["lock_run"], project_id, cid)
     if existing is None:
-        error = {
-            "type": "ChildWorkflowFailed",
-            "code": "workflow_not_found",
-            "message": f"workflow {workflow!r} is not registered; sync the app that hosts it",
-        }
-        await conn.execute(Q["fail_step"], run_id, step_name, error)
-        await runs.append_events(
-            conn,
-            run_id,
-            [
-                {
-                    "type": "step.failed",
-                    "step_name": step_name,
-                    "data": {"kind": "invoke", "error": error},
-                }
-            ],
-        )
+        message = f"workflow {workflow!r} is not registered; sync the app that hosts it"
+        await _fail_invoke_step(conn, run_id, step_name, "workflow_not_found", message)
     elif existing["status"] in rules.RETRYABLE:
-        # A retry runs the parent's step again: the child that did not complete runs again too.
-        await restart(conn, cid, None, None)
+        # A retry runs the parent's step again: the child that did not complete runs again too,
+        # unless another run holds its singleton key: then the parent's step fails, saying so.
+        try:
+            async with conn.transaction():
+                await restart(conn, cid, None, None)
+        except (rules.RuleError, UniqueViolationError) as exc:
+            await _fail_invoke_step(conn, run_id, step_name, "singleton_active", str(exc))
     elif existing["status"] in rules.ENDED:
         # The child already completed (a retry from an earlier step): it started exactly once.
         await resolve_child(conn, existing)
+
+
+async def _fail_invoke_step(
+    conn: Conn, run_id: uuid.UUID, step_name: str, code: str, message: str
+) -> None:
+    """The parent's invoke step fails: its child cannot run (the history says why)."""
+    error = {"type": "ChildWorkflowFailed", "code": code, "message": message}
+    await conn.execute(Q["fail_step"], run_id, step_name, error)
+    event = {
+        "type": "step.failed",
+        "step_name": step_name,
+        "data": {"kind": "invoke", "error": error},
+    }
+    await runs.append_events(conn, run_id, [event])
 
 
 async def restart(
@@ -453,7 +468,12 @@ async def restart(
 ) -> Record:
     """Run an ended run again, from its first failed or unfinished step (or the step at
     ``position``, when earlier); with ``trigger``, the run says it came from there now (its
-    ``run.retried`` event keeps the trigger it had). In a transaction, with the run locked."""
+    ``run.retried`` event keeps the trigger it had). In a transaction, with the run locked.
+    Raises :class:`~stepline_server.engine.runs.RuleError` while another run not ended holds
+    its singleton key (a unique index backs this: two retries at once cannot both pass)."""
+    holder = await conn.fetchval(Q["singleton_holder"], run_id)
+    if holder is not None:
+        raise rules.RuleError(rules.singleton_taken(holder))
     before = await conn.fetchval(Q["run_trigger"], run_id) if trigger is not None else None
     await conn.execute(Q["delete_steps_for_retry"], run_id, position)
     row = await conn.fetchrow(Q["restart_run"], run_id, trigger)

@@ -25,6 +25,7 @@
 -- level's due runs are read in ready_at order from runs_ready_priority: the claim reads what it
 -- takes, however many runs wait for a later time. The runs taken are updated through the
 -- primary key (id = ANY), so no estimate of how many there are can make a plan read the table.
+-- The lease itself is lease_runs's (the fence, the outage grace and pausing are its).
 WITH RECURSIVE levels AS (
     (SELECT priority FROM runs WHERE ready_at IS NOT NULL AND NOT pull
      ORDER BY priority DESC LIMIT 1)
@@ -73,31 +74,10 @@ due AS (
     ORDER BY priority DESC, ready_at
     LIMIT $1
 ),
-claimed AS (
-    UPDATE runs r
-    SET lease_token = gen_random_uuid()::text,
-        invocation_id = gen_random_uuid(),
-        lease_owner = $2,
-        ready_at = least(now() + make_interval(secs => $3::double precision), r.deadline_at),
-        claimed_wake_seq = r.wake_seq,
-        progress_at = now(),
-        progress_seq = 0,
-        progress_digest = NULL,
-        held = false,
-        started_at = coalesce(r.started_at, now())
-    WHERE r.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-              r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
-              r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since,
-              r.wake_seq, r.concurrency_key, r.generation, r.created_at,
-              (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
-              (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets
+leased AS (
+    SELECT * FROM lease_runs(ARRAY(SELECT id FROM due), $2, $3, $6, $5)
 )
-SELECT claimed.*,
-       greatest(extract(epoch FROM due.ready_at - now()), 0)::double precision AS due_in,
-       due.old_token IS NOT NULL AS taken_over
-FROM claimed JOIN due ON due.id = claimed.id
-ORDER BY due.priority DESC, due.ready_at;
+SELECT * FROM leased ORDER BY priority DESC, due_in;
 
 -- name: due_backlog
 -- Runs due now that no invocation has taken (a run out lease included), and how many seconds
@@ -155,11 +135,19 @@ WITH q AS (
                                                       invocation_id uuid, attempt integer)
         WHERE jsonb_typeof(item) = 'object'
 ),
+db AS MATERIALIZED (
+    SELECT stepline_database_id() AS id
+),
+-- What the invocation carries is decided here, once: only what changed since the snapshot its
+-- last invocation read under, when that snapshot was taken in this database (not a dump
+-- restored elsewhere, not a logical copy: their transactions are another cluster's) and the
+-- app declared history deltas (protocol 2); else every step.
 held AS (
-    SELECT q.run_id, q.invocation_id, q.attempt,
-           (SELECT a.deployment_id FROM apps a WHERE a.id = runs.app_id) AS deployment_id,
-           runs.history_snapshot AS since, runs.history_invocation AS base
-    FROM q JOIN runs ON runs.id = q.run_id
+    SELECT q.run_id, q.invocation_id, q.attempt, a.deployment_id,
+           CASE WHEN a.protocol_version >= 2 AND runs.history_db = db.id
+                THEN runs.history_snapshot END AS since,
+           runs.history_invocation AS base
+    FROM q JOIN runs ON runs.id = q.run_id JOIN apps a ON a.id = runs.app_id CROSS JOIN db
     WHERE runs.lease_token = q.token AND runs.status IN ('running', 'cancelling')
     ORDER BY runs.id
     FOR UPDATE OF runs
@@ -211,8 +199,9 @@ counts AS (
 ),
 r AS (
     UPDATE runs SET next_seq = runs.next_seq + counts.n,
-                    history_snapshot = pg_current_snapshot(), history_invocation = h.invocation_id
-    FROM counts JOIN held h ON h.run_id = counts.run_id
+                    history_snapshot = pg_current_snapshot(), history_invocation = h.invocation_id,
+                    history_db = db.id
+    FROM counts JOIN held h ON h.run_id = counts.run_id CROSS JOIN db
     WHERE runs.id = counts.run_id
     RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
 ),

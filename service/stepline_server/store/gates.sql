@@ -37,14 +37,15 @@ SELECT pg_advisory_xact_lock(
 
 -- name: claim_capped
 -- With lock_workflow held: leases up to $6 of the due or held runs of workflow $2 (project
--- $1) with concurrency key value $7, higher priority first, then oldest, as far as its cap $3 has room beside its
--- invocations in flight, to $4 for $5 seconds (as claim_due leases). When that fills the cap,
--- its other due runs are held (ready_at at their deadline, no lease) until release_held lets
--- them go. Without takeovers ($8 false), runs whose lease expired are left to their holders.
+-- $1) with concurrency key value $7, higher priority first, then oldest, as far as its cap $3
+-- has room beside its invocations in flight (a live lease, or one of the caller's own, $9,
+-- whose beat came late), to $4 for $5 seconds (lease_runs). When that fills the cap, its other
+-- due runs are held (ready_at at their deadline, no lease) until release_held lets them go.
+-- Without takeovers ($8 false), runs whose lease expired are left to their holders.
 WITH busy AS (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
-      AND lease_token IS NOT NULL AND ready_at > now()
+      AND lease_token IS NOT NULL AND (ready_at > now() OR id = ANY ($9::uuid[]))
 ),
 cand AS (
     (SELECT id, priority, created_at FROM runs
@@ -55,11 +56,11 @@ cand AS (
     (SELECT id, priority, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
        AND concurrency_key IS NOT DISTINCT FROM $7::text
-       AND ($8::boolean OR lease_token IS NULL)
+       AND ($8::boolean OR lease_token IS NULL) AND NOT (id = ANY ($9::uuid[]))
      ORDER BY priority DESC, created_at, id LIMIT $6)
 ),
 go AS (
-    SELECT r.id, r.lease_token AS old_token FROM runs r
+    SELECT r.id FROM runs r
     WHERE r.id IN (SELECT id FROM cand ORDER BY priority DESC, created_at, id
                    LIMIT least($6::integer, (SELECT room FROM busy)))
     FOR UPDATE SKIP LOCKED
@@ -70,30 +71,12 @@ held_now AS (
     WHERE h.project_id = $1 AND h.workflow = $2
       AND h.concurrency_key IS NOT DISTINCT FROM $7::text
       AND h.ready_at <= now() AND NOT h.held
-      AND ($8::boolean OR h.lease_token IS NULL)
+      AND ($8::boolean OR h.lease_token IS NULL) AND NOT (h.id = ANY ($9::uuid[]))
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
 )
-UPDATE runs r
-SET lease_token = gen_random_uuid()::text,
-    invocation_id = gen_random_uuid(),
-    lease_owner = $4,
-    ready_at = least(now() + make_interval(secs => $5::double precision), r.deadline_at),
-    claimed_wake_seq = r.wake_seq,
-    progress_at = now(),
-    progress_seq = 0,
-    progress_digest = NULL,
-    held = false,
-    started_at = coalesce(r.started_at, now())
-FROM go
-WHERE r.id = go.id
-RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
-          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, r.generation, 0::double precision AS due_in,
-          go.old_token IS NOT NULL AS taken_over, r.created_at,
-          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
-          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+SELECT * FROM lease_runs(ARRAY(SELECT id FROM go), $4, $5, $9, $8)
+ORDER BY priority DESC, created_at, id;
 
 -- name: release_held
 -- With lock_workflow held: the held runs of workflow $2 (project $1) with concurrency key
@@ -136,8 +119,9 @@ SELECT now() AS now,
 
 -- name: claim_rate_limited
 -- With lock_rate held: leases up to $4 of the due runs not yet started of workflow $2 (project
--- $1) with rate key value $3, higher priority first, then oldest, to $5 for $6 seconds (as
--- claim_due leases; their started_at, now, counts in the window from then on).
+-- $1) with rate key value $3, higher priority first, then oldest, to $5 for $6 seconds
+-- (lease_runs; their started_at, now, counts in the window from then on). $7: the runs the
+-- caller invokes now, $8: whether lapsed leases may be taken over (lease_runs).
 WITH go AS (
     SELECT id FROM runs
     WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
@@ -147,26 +131,8 @@ WITH go AS (
     LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
-UPDATE runs r
-SET lease_token = gen_random_uuid()::text,
-    invocation_id = gen_random_uuid(),
-    lease_owner = $5,
-    ready_at = least(now() + make_interval(secs => $6::double precision), r.deadline_at),
-    claimed_wake_seq = r.wake_seq,
-    progress_at = now(),
-    progress_seq = 0,
-    progress_digest = NULL,
-    held = false,
-    started_at = now()
-FROM go
-WHERE r.id = go.id
-RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-          r.cancel_requested, coalesce(r.deadline_at <= now(), false) AS past_deadline,
-          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, r.generation, 0::double precision AS due_in, false AS taken_over,
-          r.created_at,
-          (SELECT a.url FROM apps a WHERE a.id = r.app_id) AS app_url,
-          (SELECT a.signing_secrets FROM apps a WHERE a.id = r.app_id) AS app_secrets;
+SELECT * FROM lease_runs(ARRAY(SELECT id FROM go), $5, $6, $7, $8)
+ORDER BY priority DESC, created_at, id;
 
 -- name: defer_rate_limited
 -- With lock_rate held: the due runs not yet started of workflow $2 (project $1) with rate key

@@ -5,20 +5,32 @@ from __future__ import annotations
 import uuid
 
 from stepline_server.store.db import Conn, Q, Record
-from stepline_server.store.dispatch import claim_gated
+from stepline_server.store.dispatch import Lease, claim_gated
 
 
 async def claim(
-    conn: Conn, app_id: uuid.UUID, owner: str, lease_seconds: float, limit: int
+    conn: Conn,
+    app_id: uuid.UUID,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    *,
+    takeovers: bool = True,
 ) -> list[Record]:
-    """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` (a poll), as the
-    dispatcher's claim leases push apps' runs; runs of a capped or rate-limited workflow under its
-    gate's lock."""
-    claimed = list(await conn.fetch(Q["claim_pull"], limit, app_id, owner, lease_seconds))
+    """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` for ``lease_seconds``
+    (a poll), through the one lease transition as the dispatcher's claim does; runs of a capped
+    or rate-limited workflow under its gate's lock. Without ``takeovers``, runs whose lease
+    lapsed are left to their workers."""
+    lease = Lease(owner, lease_seconds, (), takeovers)
+    claimed = list(
+        await conn.fetch(
+            Q["claim_pull"], limit, app_id, lease.owner, lease.seconds, lease.takeovers
+        )
+    )
     room = limit - len(claimed)
     if room > 0:
         groups = await conn.fetch(Q["due_gated_pull_groups"], app_id)
-        claimed += await claim_gated(conn, groups, owner, lease_seconds, room)
+        claimed += await claim_gated(conn, groups, lease, room)
     return claimed
 
 

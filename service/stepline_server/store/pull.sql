@@ -20,49 +20,31 @@ WHERE pull AND app_id = $1 AND ready_at <= now() AND started_at IS NULL
 GROUP BY project_id, workflow, rate_key;
 
 -- name: claim_pull
--- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds, as claim_due
--- leases (a run whose lease ran out is taken over: its worker died or stalled). Runs of a
--- workflow with a concurrency cap are left to claim_capped, runs of a workflow with a rate
--- limit not yet started to claim_rate_limited, runs past their deadline to the dispatcher
--- (which ends them). Higher priority first, then the longest due.
+-- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds (lease_runs: a
+-- run whose lease ran out is taken over, its worker died or stalled, unless $5 is false, just
+-- after the database was away). Runs of a workflow with a concurrency cap are left to
+-- claim_capped, runs of a workflow with a rate limit not yet started to claim_rate_limited,
+-- runs past their deadline to the dispatcher (which ends them). Higher priority first, then
+-- the longest due.
 WITH due AS (
-    SELECT id, ready_at, lease_token AS old_token
+    SELECT id
     FROM runs
     WHERE pull AND app_id = $2 AND ready_at <= now()
       AND options ->> 'concurrency' IS NULL
       AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
       AND (deadline_at IS NULL OR deadline_at > now())
+      AND ($5::boolean OR lease_token IS NULL)
     ORDER BY priority DESC, ready_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE runs r
-SET lease_token = gen_random_uuid()::text,
-    invocation_id = gen_random_uuid(),
-    lease_owner = $3,
-    ready_at = least(now() + make_interval(secs => $4::double precision), r.deadline_at),
-    claimed_wake_seq = r.wake_seq,
-    progress_at = now(),
-    progress_seq = 0,
-    progress_digest = NULL,
-    held = false,
-    started_at = coalesce(r.started_at, now())
-FROM due
-WHERE r.id = due.id
-RETURNING r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-          r.cancel_requested, false AS past_deadline,
-          r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-          r.concurrency_key, r.generation, 0::double precision AS due_in,
-          due.old_token IS NOT NULL AS taken_over, r.created_at,
-          NULL::text AS app_url, NULL::text[] AS app_secrets;
+SELECT * FROM lease_runs(ARRAY(SELECT id FROM due), $3, $4, '{}', $5)
+ORDER BY priority DESC, due_in;
 
 -- name: pull_lease
 -- The run $1 of a pull app while lease $2 holds it: what recording its invocation's answer
--- needs (as a claim row has it).
-SELECT id, project_id, app_id, workflow, status, input, options, cancel_requested,
-       false AS past_deadline, lease_token, invocation_id, invoke_attempts, undelivered_since,
-       wake_seq, concurrency_key, created_at, generation
-FROM runs WHERE id = $1 AND lease_token = $2 AND pull;
+-- needs, in the shape every lease answers.
+SELECT (lease_claim_of(r, 0, false)).* FROM runs r WHERE r.id = $1 AND r.lease_token = $2 AND r.pull;
 
 -- name: app_polled
 -- A worker of app $1 polls now; written at most once a second (workers of a busy app poll

@@ -28,26 +28,12 @@ class NewRun:
     priority: int = 0
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A lease for a run to be created already claimed: its holder and how long it lasts."""
-
-    owner: str
-    seconds: float
-
-
-async def insert(
-    conn: Conn, run: NewRun, *, notify: bool = True, lease: Lease | None = None
-) -> Record | None:
-    """Create the run (its app and options from its workflow) with its ``run.started`` event;
-    the row has its app's slug. None when the workflow is not registered, or the run's id or
-    run key exists. ``notify``: wake every orchestrator's dispatcher (a NOTIFY, which
-    PostgreSQL serialises at commit), not needed when the caller's own dispatcher takes it.
-
-    With ``lease``, a run of a workflow without a concurrency cap or a rate limit is created
-    leased and its first invocation begun, as a claim would leave it (``lease_token`` set, and
-    the row has what :class:`~stepline_server.loops.dispatcher.Dispatcher` needs to invoke
-    it): one statement instead of three before the app is called."""
+async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | None:
+    """Create the run (its app and options from its workflow), due now, with its
+    ``run.started`` event; the row has its app's slug. None when the workflow is not
+    registered, or the run's id or run key exists. ``notify``: wake every orchestrator's
+    dispatcher (a NOTIFY, which PostgreSQL serialises at commit), not needed when the caller's
+    own dispatcher takes it (:func:`stepline_server.store.leases.take_now`)."""
     return await conn.fetchrow(
         Q["insert_run"],
         run.id,
@@ -62,8 +48,6 @@ async def insert(
         run.trigger,
         {"trigger": run.trigger},
         notify,
-        lease.owner if lease else None,
-        lease.seconds if lease else None,
         run.event_id,
         run.priority,
     )

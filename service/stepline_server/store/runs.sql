@@ -5,53 +5,31 @@
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
 -- the workflow is not registered or the id, the run key or an active run of its singleton key
--- exists ($15: the event that started it; $16: its priority; the input's concurrency, singleton
--- and rate limit key fields are read as the workflow's options name them). When $13 (an
--- orchestrator) is given and the workflow has neither a concurrency cap nor a rate limit, the
--- run is created leased to it for $14
--- seconds with its first invocation begun (as claim_due and begin_invocations would leave it,
--- its history snapshot too), and the row carries what the invocation needs. A run of a pull app is never created leased,
--- and always wakes every orchestrator (their workers' polls claim it).
+-- exists ($13: the event that started it; $14: its priority; the input's concurrency, singleton
+-- and rate limit key fields are read as the workflow's options name them). A run of a pull app
+-- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
+-- once leases it in the same transaction (lease_now).
 WITH w AS (
-    SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
-           a.kind = 'pull' AS pull, gen_random_uuid() AS invocation_id,
-           $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL
-               AND w.options -> 'rateLimit' IS NULL AND a.kind = 'push' AS leased
+    SELECT w.app_id, w.options, w.version, a.slug, a.kind = 'pull' AS pull
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
 r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
-                      ready_at, next_seq, lease_token, lease_owner, invocation_id, started_at,
-                      progress_at, event_id, concurrency_key, singleton_key,
-                      definition_version, pull, priority, rate_key, history_snapshot,
-                      history_invocation)
+                      ready_at, next_seq, event_id, concurrency_key, singleton_key,
+                      definition_version, pull, priority, rate_key)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-           CASE WHEN w.leased
-                THEN least(now() + make_interval(secs => $14::double precision),
-                           now() + make_interval(
-                               secs => (w.options ->> 'timeoutMs')::double precision / 1000))
-                ELSE now() END,
-           CASE WHEN w.leased THEN 3 ELSE 2 END,
-           CASE WHEN w.leased THEN gen_random_uuid()::text END,
-           CASE WHEN w.leased THEN $13::text END,
-           CASE WHEN w.leased THEN w.invocation_id END,
-           CASE WHEN w.leased THEN now() END,
-           CASE WHEN w.leased THEN now() END,
-           $15::uuid,
+           now(), 2, $13::uuid,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
-           w.version, w.pull, $16::smallint,
+           w.version, w.pull, $14::smallint,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
-                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
-           -- Begun with no steps: every step the next invocation gets is one written since.
-           CASE WHEN w.leased THEN pg_current_snapshot() END,
-           CASE WHEN w.leased THEN w.invocation_id END
+                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -59,12 +37,8 @@ r AS (
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
     SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
-    UNION ALL
-    SELECT id, 2, project_id, 'invocation.started', invocation_id, '{"attempt": 1}'::jsonb
-    FROM r WHERE lease_token IS NOT NULL
 )
-SELECT r.*, w.slug AS app_slug, w.url AS app_url, w.signing_secrets AS app_secrets,
-       coalesce(r.deadline_at <= now(), false) AS past_deadline,
+SELECT r.*, w.slug AS app_slug,
        CASE WHEN $12::boolean OR w.pull THEN pg_notify('stepline_wake', '') END
 FROM r, w;
 
@@ -170,6 +144,14 @@ WHERE run_id = $1
 
 -- name: run_trigger
 SELECT trigger FROM runs WHERE id = $1;
+
+-- name: singleton_holder
+-- The run not ended, other than run $1, that holds run $1's singleton key (of its workflow and
+-- environment): while there is one, run $1 cannot go again.
+SELECT o.id FROM runs r JOIN runs o
+    ON o.project_id = r.project_id AND o.workflow = r.workflow
+   AND o.singleton_key = r.singleton_key AND o.ended_at IS NULL AND o.id <> r.id
+WHERE r.id = $1 AND r.singleton_key IS NOT NULL;
 
 -- name: restart_run
 -- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).

@@ -6,9 +6,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from asyncpg import UniqueViolationError
+
 from stepline_server.engine import ids
 from stepline_server.engine import runs as rules
-from stepline_server.store import dispatch, runs
+from stepline_server.store import dispatch, leases, runs
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -22,12 +24,11 @@ async def get_callback(
 @dataclass(frozen=True)
 class Completed:
     """What completing a callback did: the callback (None when it does not exist), whether this
-    call completed it, and the run's claim when the call leased the run (see
-    :func:`complete_callback`)."""
+    call completed it, and the run when the call leased it (see :func:`complete_callback`)."""
 
     callback: Record | None
     completed: bool
-    claim: dict[str, Any] | None = None
+    taken: leases.Taken | None = None
 
 
 async def complete_callback(
@@ -37,43 +38,21 @@ async def complete_callback(
     body: Any,
     *,
     notify: bool = True,
-    lease: runs.Lease | None = None,
+    lease: leases.Lease | None = None,
 ) -> Completed:
     """Complete a pending callback with ``body``; its run wakes. ``notify``: wake every
     orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says. With
-    ``lease``, a run with no invocation active and no concurrency cap is leased at once (the
-    claim it would otherwise wait for), and :attr:`Completed.claim` holds what
-    :func:`stepline_server.store.dispatch.claim` answers for a run."""
-    row = await conn.fetchrow(
-        Q["complete_callback"],
-        callback_id,
-        body,
-        project_id,
-        notify,
-        lease.owner if lease else None,
-        lease.seconds if lease else None,
-    )
-    if row is None:
-        return Completed(await get_callback(conn, callback_id, project_id), False)
-    claim = None
-    if row["run_claimed"]:
-        claim = {"id": row["run_id"]} | {name: row[f"run_{name}"] for name in _CLAIM_COLUMNS}
-    return Completed(row, True, claim)
-
-
-_CLAIM_COLUMNS = (
-    "workflow",
-    "input",
-    "options",
-    "cancel_requested",
-    "past_deadline",
-    "lease_token",
-    "invocation_id",
-    "invoke_attempts",
-    "undelivered_since",
-    "app_url",
-    "app_secrets",
-)
+    ``lease``, the run is leased at once through the lease transition, in the same transaction
+    (:func:`stepline_server.store.leases.take_now`: nothing gates it and no invocation holds
+    it), and :attr:`Completed.taken` has it."""
+    async with conn.transaction():
+        row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
+        if row is None:
+            return Completed(await get_callback(conn, callback_id, project_id), False)
+        taken = None
+        if lease is not None and row["run_woken"]:
+            taken = await leases.take_now(conn, row["run_id"], lease)
+        return Completed(row, True, taken)
 
 
 _NS = uuid.UUID("2b7f6f0e-77d4-4f4c-8d3b-6f1f7c2a9e15")
@@ -161,7 +140,18 @@ async def retry(
     conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
 ) -> Record | None:
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
-    one (and before ``from_step``, if given); its trigger becomes ``retry``."""
+    one (and before ``from_step``, if given); its trigger becomes ``retry``. RuleError when its
+    state does not allow it, or another run holds its singleton key."""
+    try:
+        return await _retry(conn, project_id, run_id, from_step)
+    except UniqueViolationError:  # another retry took the singleton key at the same moment
+        holder = await conn.fetchval(Q["singleton_holder"], run_id)
+        raise rules.RuleError(rules.singleton_taken(holder)) from None
+
+
+async def _retry(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
+) -> Record | None:
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:

@@ -16,10 +16,11 @@ WHERE run_id = $1 AND name = $2 AND status = 'waiting'
 RETURNING name;
 
 -- name: wake
--- Something outside the run moved it: run it now, or right after the active invocation.
+-- Something outside the run moved it: run it now, or right after the active invocation
+-- (woken_ready_at, the wake rule every wake-up follows).
 UPDATE runs SET
     wake_seq = wake_seq + 1,
-    ready_at = CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
+    ready_at = woken_ready_at(lease_token, ready_at)
 WHERE id = $1 AND status IN ('running', 'cancelling');
 
 -- name: get_callback
@@ -27,11 +28,9 @@ SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
 
 -- name: complete_callback
 -- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
--- the history says so, and the run wakes (now, or right after its active invocation), with
--- every orchestrator's dispatcher when $4. When $5 (an orchestrator) is given, a run with no
--- active invocation and no concurrency cap is leased to it for $6 seconds instead (as
--- claim_due would lease it), and the row carries what the invocation needs (run_* columns;
--- run_claimed says whether this statement leased the run).
+-- the history says so, and the run wakes (wake_run's rule: now, or right after its active
+-- invocation), with every orchestrator's dispatcher when $4. A pull app's run always wakes
+-- every orchestrator (their workers' polls claim it).
 WITH c AS (
     UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
     WHERE id = $1 AND status = 'pending' AND ($3::uuid IS NULL OR project_id = $3)
@@ -42,37 +41,14 @@ s AS (
     FROM c
     WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
 ),
--- The run, locked: whether to lease it is judged on its latest version.
-k AS (
-    SELECT runs.id, gen_random_uuid()::text AS token, gen_random_uuid() AS invocation_id,
-           runs.lease_token IS NULL AND $5::text IS NOT NULL AND NOT runs.pull
-           AND runs.options ->> 'concurrency' IS NULL AS take
-    FROM runs JOIN c ON runs.id = c.run_id
-    WHERE runs.status IN ('running', 'cancelling')
-    FOR UPDATE OF runs
-),
 r AS (
     UPDATE runs SET
         next_seq = next_seq + 2,
         wake_seq = wake_seq + 1,
-        ready_at = CASE WHEN k.take
-                        THEN least(now() + make_interval(secs => $6::double precision),
-                                   deadline_at)
-                        WHEN lease_token IS NULL THEN now() ELSE ready_at END,
-        lease_token = CASE WHEN k.take THEN k.token ELSE lease_token END,
-        lease_owner = CASE WHEN k.take THEN $5::text ELSE lease_owner END,
-        invocation_id = CASE WHEN k.take THEN k.invocation_id ELSE runs.invocation_id END,
-        claimed_wake_seq = CASE WHEN k.take THEN wake_seq + 1 ELSE claimed_wake_seq END,
-        progress_at = CASE WHEN k.take THEN now() ELSE progress_at END,
-        progress_seq = CASE WHEN k.take THEN 0 ELSE progress_seq END,
-        progress_digest = CASE WHEN k.take THEN NULL ELSE progress_digest END
-    FROM k
-    WHERE runs.id = k.id
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, k.take AS claimed,
-              runs.workflow, runs.input, runs.options, runs.cancel_requested,
-              runs.deadline_at <= now() AS past_deadline, runs.lease_token,
-              runs.invocation_id, runs.invoke_attempts, runs.undelivered_since, runs.app_id,
-              runs.pull
+        ready_at = woken_ready_at(lease_token, ready_at)
+    FROM c
+    WHERE runs.id = c.run_id AND runs.status IN ('running', 'cancelling')
+    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, runs.pull
 ),
 e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
@@ -80,16 +56,9 @@ e AS (
     FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
                        (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
 )
-SELECT c.*, CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END,
-       coalesce(r.claimed, false) AS run_claimed, r.workflow AS run_workflow,
-       r.input AS run_input, r.options AS run_options,
-       r.cancel_requested AS run_cancel_requested,
-       coalesce(r.past_deadline, false) AS run_past_deadline,
-       r.lease_token AS run_lease_token, r.invocation_id AS run_invocation_id,
-       r.invoke_attempts AS run_invoke_attempts,
-       r.undelivered_since AS run_undelivered_since, a.url AS run_app_url,
-       a.signing_secrets AS run_app_secrets
-FROM c LEFT JOIN r ON true LEFT JOIN apps a ON a.id = r.app_id;
+SELECT c.*, r.id IS NOT NULL AS run_woken,
+       CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END
+FROM c LEFT JOIN r ON true;
 
 -- name: lock_event_name
 -- Serialises sending event $2 of project $1 with recording a wait for it, until the
@@ -154,8 +123,8 @@ r AS (
     UPDATE runs SET
         next_seq = next_seq + 2 * w.n,
         wake_seq = wake_seq + 1,
-        ready_at = CASE WHEN lease_token IS NULL AND status IN ('running', 'cancelling')
-                        THEN now() ELSE ready_at END
+        ready_at = CASE WHEN status IN ('running', 'cancelling')
+                        THEN woken_ready_at(lease_token, ready_at) ELSE ready_at END
     FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
     WHERE runs.id = w.run_id
     RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base, runs.pull

@@ -71,6 +71,14 @@ def dashboard(state: State) -> ASGIApp:
         Route("/workflows", endpoint(s, admin.workflows_page)),
         Route("/apps", endpoint(s, admin.apps_page)),
         Route("/apps/{app}/sync", endpoint(s, admin.sync_app, **w), methods=["POST"]),
+        *(
+            Route(f"/{what}/{{{key}}}/{action}", endpoint(s, change, **w), methods=["POST"])
+            for what, key, change in (
+                ("apps", "app", admin.change_app),
+                ("workflows", "name", admin.change_workflow),
+            )
+            for action in ("pause", "resume")
+        ),
         Route("/schedules", endpoint(s, admin.schedules_page)),
         Route(
             "/schedules/{scheduleId}/{action}",

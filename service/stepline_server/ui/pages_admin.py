@@ -1,5 +1,5 @@
-"""Pages beside runs: workflows, apps (sync now), schedules (pause, resume, trigger), events
-(send one) and keys."""
+"""Pages beside runs: workflows (pause, resume), apps (sync now, pause, resume), schedules
+(pause, resume, trigger), events (send one) and keys."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from stepline_server import appsync, serialize
 from stepline_server.engine import access
-from stepline_server.store import apps, keys, schedules, waits
+from stepline_server.store import apps, keys, pause, schedules, waits
 from stepline_server.store.db import Record
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
@@ -48,6 +48,36 @@ async def sync_app(r: Req) -> Response:
         return r.back("/ui/apps", f"Not synced: {exc.errors()[0]['msg']}")
     names = ", ".join(n for n, _ in done.workflows) or "no workflows"
     return r.back("/ui/apps", f"Synced {row['name']}: {names}.")
+
+
+async def change_workflow(r: Req) -> Response:
+    """Pause or resume a workflow (the action the path names)."""
+    name, action = r.request.path_params["name"], r.request.url.path.rsplit("/", 1)[1]
+    async with r.orch.pool.acquire() as conn:
+        change = pause.resume_workflow if action == "resume" else pause.pause_workflow
+        row = await change(conn, r.pid, name)
+    if row is None:
+        return r.back("/ui/workflows", "There is no such workflow.")
+    if action == "resume":
+        r.orch.dispatcher.wake()
+        return r.back("/ui/workflows", f"Resumed {name}: its waiting runs go on.")
+    return r.back("/ui/workflows", f"Paused {name}: none of its runs is invoked until resumed.")
+
+
+async def change_app(r: Req) -> Response:
+    """Pause or resume an app (the action the path names)."""
+    action = r.request.url.path.rsplit("/", 1)[1]
+    async with r.orch.pool.acquire() as conn:
+        row = await apps.get(conn, r.pid, r.request.path_params["app"])
+        if row is not None:
+            change = pause.resume_app if action == "resume" else pause.pause_app
+            row = await change(conn, r.pid, row["id"])
+    if row is None:
+        return r.back("/ui/apps", "There is no such app.")
+    if action == "resume":
+        r.orch.dispatcher.wake()
+        return r.back("/ui/apps", f"Resumed {row['name']}: its waiting runs go on.")
+    return r.back("/ui/apps", f"Paused {row['name']}: none of its runs is invoked until resumed.")
 
 
 async def schedules_page(r: Req) -> Response:

@@ -1,0 +1,57 @@
+-- Pausing a workflow or an app: while paused, none of its runs is leased to be invoked
+-- (lease_runs sets them aside); resuming makes the runs set aside due again.
+
+-- name: pause_workflow
+-- Pauses workflow $2 of environment $1 (again: no change, it keeps when it was paused).
+UPDATE workflows SET paused_at = coalesce(paused_at, now())
+WHERE project_id = $1 AND name = $2
+RETURNING *, (SELECT a.slug FROM apps a WHERE a.id = workflows.app_id) AS app_slug;
+
+-- name: resume_workflow
+-- Resumes workflow $2 of environment $1: its runs set aside while it was paused are due again,
+-- as of when they were created, so the claims take them higher priority first, then oldest
+-- (those of a paused app are set aside again when claimed). Wakes every dispatcher.
+WITH w AS (
+    UPDATE workflows SET paused_at = NULL
+    WHERE project_id = $1 AND name = $2
+    RETURNING *
+),
+r AS (
+    UPDATE runs SET paused = false, ready_at = least(runs.created_at, runs.deadline_at)
+    FROM w
+    WHERE runs.paused AND runs.project_id = w.project_id AND runs.workflow = w.name
+    RETURNING runs.id
+)
+SELECT w.*, (SELECT a.slug FROM apps a WHERE a.id = w.app_id) AS app_slug,
+       (SELECT count(*) FROM r) AS resumed, pg_notify('stepline_wake', '')
+FROM w;
+
+-- name: pause_app
+-- Pauses app $2 (its id) of environment $1 (again: no change).
+UPDATE apps SET paused_at = coalesce(paused_at, now())
+WHERE project_id = $1 AND id = $2
+RETURNING *;
+
+-- name: resume_app
+-- Resumes app $2 of environment $1: its runs set aside while it was paused are due again, as
+-- resume_workflow does (those of a paused workflow are set aside again when claimed).
+WITH a AS (
+    UPDATE apps SET paused_at = NULL WHERE project_id = $1 AND id = $2 RETURNING *
+),
+r AS (
+    UPDATE runs SET paused = false, ready_at = least(runs.created_at, runs.deadline_at)
+    FROM a
+    WHERE runs.paused AND runs.app_id = a.id
+    RETURNING runs.id
+)
+SELECT a.*, (SELECT count(*) FROM r) AS resumed, pg_notify('stepline_wake', '') FROM a;
+
+-- name: run_paused
+-- Whether run $1 is held by a pause: not ended, and its workflow or its app is paused.
+SELECT r.ended_at IS NULL
+       AND (a.paused_at IS NOT NULL
+            OR EXISTS (SELECT 1 FROM workflows w
+                       WHERE w.project_id = r.project_id AND w.name = r.workflow
+                         AND w.paused_at IS NOT NULL))
+FROM runs r JOIN apps a ON a.id = r.app_id
+WHERE r.id = $1;
