@@ -97,6 +97,13 @@ class Metrics:
             "died or stalled).",
             registry=r,
         )
+        self._repaired = Counter(
+            "stepline_runs_repaired",
+            "Runs found with no way forward (no live lease, no due time, no open wait) and "
+            "invoked again by the way-forward check.",
+            ["workflow"],
+            registry=r,
+        )
         self._progress_calls = Counter(
             "stepline_progress_calls",
             "Step updates committed: the SDK's progress calls and invocations' last updates.",
@@ -157,6 +164,9 @@ class Metrics:
     def lease_taken_over(self, n: int = 1) -> None:
         if n:
             self._takeovers.inc(n)
+
+    def run_repaired(self, workflow: str) -> None:
+        self._repaired.labels(workflow).inc()
 
     def progress_committed(self, calls: int, *, grouped: bool = True) -> None:
         """``calls`` progress calls committed in one statement (``grouped``) or alone."""

@@ -16,7 +16,7 @@ from stepline_server.engine import schedules as schedule_rules
 from stepline_server.engine.egress import Egress
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
-from stepline_server.loops import listener, sweeper
+from stepline_server.loops import listener, repair, sweeper
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
 from stepline_server.loops.pull import PullInvocations
@@ -99,6 +99,7 @@ class Orchestrator:
             self.supervisor.add(
                 "sweeper", lambda: sweeper.sweep(self.pool, self.settings.retention_days)
             )
+            self.supervisor.add("repair", lambda: repair.check_forever(self.pool, self.metrics))
             self.supervisor.add(
                 "listener",
                 lambda: listener.listen(

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
+
 import stepline
+from stepline_server.loops import repair
 from tests.support import Stack, app_server, orchestrator_stack
 
 
@@ -184,3 +188,44 @@ async def test_a_retry_whose_singleton_key_is_taken_answers_409(database_url: st
         assert (await stack.client.wait_run(active["id"], timeout=20))["status"] == "completed"
         retried = await stack.client.retry_run(failed["id"])
         assert retried["status"] == "running"
+
+
+async def test_a_run_left_without_a_way_forward_is_found_and_invoked_again(
+    database_url: str,
+) -> None:
+    """A run made stuck by hand (its callback's step completed behind the orchestrator's back:
+    no lease, no due time, no open wait) is found by the way-forward check, invoked again,
+    counted in stepline_runs_repaired_total and named in its history; runs with a way forward
+    (one waiting on a callback) are left alone."""
+    sl = stepline.Stepline("secret-repair")
+
+    @sl.workflow("waits")
+    async def waits(ctx: stepline.Context, input: Any) -> Any:
+        return await (await ctx.callback("cb")).wait()
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        stuck = await stack.client.start_run("waits", None)
+        fine = await stack.client.start_run("waits", None)
+        for run in (stuck, fine):
+            await until(lambda r=run: _is(step_status(stack, r["id"], "cb"), "waiting"), "cb")
+        conn = await stack.conn()
+        try:
+            await conn.execute(
+                "UPDATE steps SET status = 'completed', output = '\"by hand\"' WHERE run_id = $1",
+                uuid.UUID(stuck["id"]),
+            )
+        finally:
+            await conn.close()
+        o = stack.orchestrator
+        repaired = await repair.check_once(o.pool, o.metrics)
+        assert [str(r["id"]) for r in repaired] == [stuck["id"]]
+        done = await stack.client.wait_run(stuck["id"], timeout=20)
+        assert done["status"] == "completed" and done["output"] == "by hand"
+        assert await repair.check_once(o.pool, o.metrics) == []
+        assert (await stack.client.get_run(fine["id"]))["status"] == "running"
+        types = [e["type"] async for e in stack.client.iter_run_events(stuck["id"])]
+        assert "run.repaired" in types
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(stack.url + "/metrics")).text
+        assert 'stepline_runs_repaired_total{workflow="waits"} 1.0' in text

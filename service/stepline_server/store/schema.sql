@@ -451,3 +451,6 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
 $$;
 COMMENT ON FUNCTION woken_ready_at(text, timestamptz) IS 'The wake rule: a run woken from outside (a callback, an event, a child''s end, a cancel) is due now, or, while an invocation holds it, right after that invocation (whose end sees wake_seq moved and makes it due).';
+
+-- The way-forward check reads the runs with no due time only.
+CREATE INDEX runs_without_due ON runs (id) WHERE ready_at IS NULL AND ended_at IS NULL;

@@ -1,0 +1,36 @@
+-- No run without a way forward: a run not ended always has a live lease, a due time, or an
+-- open wait that something outside can complete. The check finds any run without one.
+
+-- name: repair_stuck_runs
+-- Up to $1 runs not ended that have no way forward, made due now (woken, their history says
+-- run.repaired): no lease (or one whose invocation's orchestrator is gone: lapsed, with no
+-- due time), no due time, not held by a concurrency cap or set aside by a pause (a release or
+-- a resume is their way forward), and no step waiting for a callback, an event or a child
+-- run. Answers the runs repaired. Read through runs_without_due, which holds only the runs
+-- with no due time, so the check costs what few such runs there are.
+WITH stuck AS (
+    SELECT r.id FROM runs r
+    WHERE r.ready_at IS NULL AND r.ended_at IS NULL AND NOT r.held AND NOT r.paused
+      AND NOT EXISTS (
+          SELECT 1 FROM steps s
+          WHERE s.run_id = r.id AND s.status = 'waiting'
+            AND s.kind IN ('callback', 'event', 'invoke'))
+    ORDER BY r.id
+    LIMIT $1
+    FOR UPDATE OF r SKIP LOCKED
+),
+woken AS (
+    UPDATE runs SET ready_at = now(), wake_seq = wake_seq + 1, lease_token = NULL,
+                    lease_owner = NULL, next_seq = next_seq + 1
+    FROM stuck WHERE runs.id = stuck.id
+    RETURNING runs.id, runs.project_id, runs.workflow, runs.next_seq - 1 AS seq
+),
+history AS (
+    INSERT INTO run_events (run_id, seq, project_id, type, data)
+    SELECT id, seq, project_id, 'run.repaired',
+           '{"reason": "no lease, no due time and no open wait"}'::jsonb
+    FROM woken
+)
+SELECT id, project_id, workflow, CASE WHEN EXISTS (SELECT 1 FROM woken)
+                                      THEN pg_notify('stepline_wake', '') END
+FROM woken;
