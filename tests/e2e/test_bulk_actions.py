@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,7 +20,7 @@ import pytest
 import stepline
 from stepline_server.api.app import build_app
 from stepline_server.orchestrator import Orchestrator
-from stepline_server.store import keys
+from stepline_server.store import db, keys
 from tests import support
 from tests.support import (
     Stack,
@@ -350,3 +354,103 @@ async def test_two_orchestrators_act_on_each_run_once(database_url: str) -> None
         assert done["succeeded"] == 12, done
         for r in failed:
             assert await by_events(one, r["id"], "run.retried") == [f"operation:{op['id']}"]
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+async def _until_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(int(timeout / 0.05)):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            try:
+                await http.get(url)
+                return
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)
+    raise TimeoutError(url)
+
+
+@pytest.mark.slow
+async def test_operation_resumes_after_orchestrator_sigkill_acting_on_each_run_once(
+    database_url: str,
+) -> None:
+    """An orchestrator process killed with SIGKILL in the middle of a bulk retry: once one is
+    started again the operation goes on and completes, and every run was retried exactly once
+    (one ``run.retried`` naming the operation in each run's history)."""
+    sl = bulk_app()
+    port = free_port()
+    env = {
+        "DATABASE_URL": database_url,
+        "STEPLINE_PORT": str(port),
+        "STEPLINE_LEASE_SECONDS": "2",
+        "STEPLINE_POLL_SECONDS": "0.5",
+        "STEPLINE_LOG_LEVEL": "warning",
+        "STEPLINE_BULK_BATCH_SIZE": "5",
+        "STEPLINE_BULK_REST_SECONDS": "0.3",
+    }
+    serve_cmd = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
+    base = f"http://127.0.0.1:{port}"
+    conn = await db.connect(database_url)
+    orch = _spawn(serve_cmd, env)
+    try:
+        await _until_up(base + "/healthz", orch)
+        key = await keys.create_key(conn, "crash")
+        async with (
+            app_server(sl) as app_url,
+            stepline.AsyncClient(base, api_key=key) as client,
+        ):
+            app = await client.create_app("local", app_url)
+            await conn.execute(
+                "UPDATE apps SET signing_secrets = $1 WHERE id = $2",
+                [SECRET],
+                uuid.UUID(app["id"]),
+            )
+            await client.sync_app(app["slug"])
+            started = [await client.start_run("breaks", {"i": i}) for i in range(40)]
+            for r in started:
+                assert (await client.wait_run(r["id"], timeout=30))["status"] == "failed"
+            op = await client.bulk_runs("retry", {"workflow": "breaks", "status": "failed"})
+            assert op["matched"] == 40
+
+            async def midway() -> bool:
+                now = await client.get_operation(op["id"])
+                return 0 < now["succeeded"] < now["matched"]
+
+            await until(midway, "the operation to be part done")
+            _kill(orch)
+            killed_at = (await conn.fetchrow(
+                "SELECT succeeded FROM operations WHERE id = $1", uuid.UUID(op["id"])
+            ))["succeeded"]  # fmt: skip
+            assert 0 < killed_at < 40
+            orch = _spawn(serve_cmd, env)
+            await _until_up(base + "/healthz", orch)
+            stack = Stack(None, base, key, client)  # type: ignore[arg-type]
+            done = await ended_operation(stack, op["id"])
+            assert done["status"] == "completed"
+            assert (done["succeeded"], done["failed"], done["skipped"]) == (40, 0, 0), done
+            by = f"operation:{op['id']}"
+            rows = await conn.fetch(
+                "SELECT run_id, count(*) AS n, count(*) FILTER (WHERE data->>'by' = $1) AS mine"
+                " FROM run_events WHERE type = 'run.retried' GROUP BY run_id",
+                by,
+            )
+            assert {r["run_id"] for r in rows} == {uuid.UUID(r["id"]) for r in started}
+            assert {(r["n"], r["mine"]) for r in rows} == {(1, 1)}
+    finally:
+        _kill(orch)
+        await conn.close()
