@@ -66,6 +66,7 @@ class Selection:
     run_key_prefix: str | None = None
     trigger: str | None = None
     from_step: str | None = None
+    run_ids: tuple[str, ...] | None = None  # only these runs (the dashboard's selection)
 
 
 def statuses_of(raw: str | list[str] | None) -> list[str] | None:
@@ -110,6 +111,7 @@ def select(
     app: str | None = None,
     deployment_id: str | None = None,
     from_step: str | None = None,
+    run_ids: tuple[str, ...] | None = None,
 ) -> Selection:
     """The runs an operation of ``action`` takes: those the filter matches that the action can
     act on now (a filter's status the action cannot act on matches nothing)."""
@@ -132,6 +134,7 @@ def select(
         run_key_prefix=prefix,
         trigger=trigger,
         from_step=from_step if action is Action.RETRY_FROM_STEP else None,
+        run_ids=run_ids,
     )
 
 

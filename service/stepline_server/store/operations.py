@@ -24,6 +24,7 @@ def _filter_args(s: Selection, app_id: uuid.UUID | None) -> tuple[Any, ...]:
         s.run_key_prefix,
         s.trigger,
         s.from_step,
+        [uuid.UUID(i) for i in s.run_ids] if s.run_ids is not None else None,
     )
 
 

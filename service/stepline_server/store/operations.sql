@@ -4,8 +4,8 @@
 -- name: match_runs
 -- A bulk filter's runs in project $1, as rules.bulk.select made it: statuses $2 (those the
 -- action acts on), workflow $3, app $4, deployment of the last invocation $5, created in
--- [$6, $7), run key $8 exact or $9 as a prefix, trigger $10, a recorded step $11. How many,
--- and the newest $12 ids as a sample.
+-- [$6, $7), run key $8 exact or $9 as a prefix, trigger $10, a recorded step $11, one of the
+-- ids $12 (the dashboard's selected runs). How many, and the newest $13 ids as a sample.
 WITH m AS (
     SELECT r.id, r.created_at FROM runs r
     WHERE r.project_id = $1
@@ -22,10 +22,11 @@ WITH m AS (
       AND ($10::text IS NULL OR r.trigger = $10)
       AND ($11::text IS NULL OR EXISTS (SELECT 1 FROM steps s
                                          WHERE s.run_id = r.id AND s.name = $11))
+      AND ($12::uuid[] IS NULL OR r.id = ANY ($12::uuid[]))
 )
 SELECT (SELECT count(*) FROM m)::integer AS matched,
        (SELECT coalesce(jsonb_agg(s.id::text ORDER BY s.created_at DESC, s.id DESC), '[]')
-        FROM (SELECT id, created_at FROM m ORDER BY created_at DESC, id DESC LIMIT $12) s)
+        FROM (SELECT id, created_at FROM m ORDER BY created_at DESC, id DESC LIMIT $13) s)
            AS sample;
 
 -- name: insert_operation
@@ -36,12 +37,12 @@ VALUES ($1, $2, $3, $4, $5)
 RETURNING *;
 
 -- name: fill_operation
--- The set of an operation's runs is fixed here, once: the runs match_runs' filter ($2–$11, as
--- there) matches now, oldest first, numbered from 1. The operation counts them, and with none
--- it is completed at once.
+-- The set of an operation's runs is fixed here, once: the runs match_runs' filter ($2–$12, as
+-- there; $13 the project) matches now, oldest first, numbered from 1. The operation counts
+-- them, and with none it is completed at once.
 WITH m AS (
     SELECT r.id, row_number() OVER (ORDER BY r.created_at, r.id) AS position FROM runs r
-    WHERE r.project_id = $12
+    WHERE r.project_id = $13
       AND r.status = ANY ($2::text[]::run_status[])
       AND ($3::text IS NULL OR r.workflow = $3)
       AND ($4::uuid IS NULL OR r.app_id = $4)
@@ -55,6 +56,7 @@ WITH m AS (
       AND ($10::text IS NULL OR r.trigger = $10)
       AND ($11::text IS NULL OR EXISTS (SELECT 1 FROM steps s
                                          WHERE s.run_id = r.id AND s.name = $11))
+      AND ($12::uuid[] IS NULL OR r.id = ANY ($12::uuid[]))
 ), ins AS (
     INSERT INTO operation_runs (operation_id, position, run_id)
     SELECT $1, m.position, m.id FROM m
