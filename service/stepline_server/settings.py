@@ -53,7 +53,7 @@ class Settings:
     auth_failure_limit: int = 20
     app_networks: tuple[str, ...] = ()
     # Bulk operations: runs acted on per batch, and the least rest between two batches.
-    bulk_batch_size: int = 20
+    bulk_batch_size: int = 10
     bulk_rest_seconds: float = 0.1
 
     @property

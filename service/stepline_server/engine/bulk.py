@@ -160,9 +160,10 @@ def by(operation_id: object) -> str:
 
 
 # Pacing. An operation feeds the dispatcher small batches and rests between them; while runs
-# are already due and not invoked (the dispatcher has a backlog), it waits, so the runs it
-# retries queue behind nothing and nothing queues behind them for long.
-BATCH_SIZE = 20
+# are already due and not invoked (the dispatcher has a backlog), or runs of its last batch are
+# still being invoked, it waits, so the runs it retries queue behind nothing and nothing queues
+# behind them for long.
+BATCH_SIZE = 10
 REST_SECONDS = 0.1  # the least rest between two batches
 DUTY = 0.5  # an operation acts during at most this share of its loop's time
 BACKLOG_ROOM = 20  # due runs not yet invoked above which the next batch waits
@@ -179,6 +180,7 @@ def rest_after(batch_seconds: float, backlog: int) -> float:
     return rest
 
 
-def may_act(backlog: int) -> bool:
-    """Whether the next batch may go: the dispatcher has room."""
-    return backlog <= BACKLOG_ROOM
+def may_act(backlog: int, busy: int = 0) -> bool:
+    """Whether the next batch may go: the dispatcher has room (``backlog`` runs due and not
+    invoked), and none of the last batch's runs is still due or being invoked (``busy``)."""
+    return backlog <= BACKLOG_ROOM and busy == 0

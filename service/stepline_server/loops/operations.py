@@ -8,9 +8,10 @@ single-run routes (``waits.cancel``, ``waits.retry``) in a savepoint of its own,
 outcomes and counters are recorded before the commit. A crash (``kill -9``) before the commit
 undoes the whole batch, which the next batch takes again: each run is acted on once.
 
-Between batches the loop rests (``rules.rest_after``), and while the dispatcher has a backlog of
-due runs it does not start one (``rules.may_act``): the runs it retries queue behind nothing,
-and other workflows' runs do not queue behind thousands of them.
+Between batches the loop rests (``rules.rest_after``), and it does not start one while the
+dispatcher has a backlog of due runs or still invokes runs of the last batch
+(``rules.may_act``): an operation keeps at most one batch of runs in the dispatcher, the runs it
+retries queue behind nothing, and other workflows' runs do not queue behind thousands of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +43,7 @@ class Batch:
     operation: Record | None = None
     done: int = 0
     retried: list[str] = field(default_factory=list)
+    acted: list[uuid.UUID] = field(default_factory=list)  # the runs cancelled or retried
 
 
 class OperationsLoop:
@@ -61,6 +64,7 @@ class OperationsLoop:
         self._wakeup = asyncio.Event()
         self._on_acted = on_acted
         self._on_retried = on_retried
+        self._last: list[uuid.UUID] = []  # the runs the last batch acted on
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -79,13 +83,15 @@ class OperationsLoop:
             await asyncio.sleep(rest)
 
     async def _room(self) -> None:
-        """Wait while the dispatcher has a backlog of due runs, for at most
-        :data:`~stepline_server.engine.bulk.ROOM_WAIT_SECONDS` (an operation always moves)."""
+        """Wait while the dispatcher has a backlog of due runs or still invokes runs of the
+        last batch, for at most :data:`~stepline_server.engine.bulk.ROOM_WAIT_SECONDS` (an
+        operation always moves)."""
         deadline = time.monotonic() + rules.ROOM_WAIT_SECONDS
         while time.monotonic() < deadline:
             async with self._pool.acquire() as conn:
                 backlog, _ = await dispatch.backlog(conn)
-            if rules.may_act(backlog):
+                busy = await operations.in_flight(conn, self._last) if self._last else 0
+            if rules.may_act(backlog, busy):
                 return
             await asyncio.sleep(rules.rest_after(0.0, backlog))
 
@@ -93,6 +99,7 @@ class OperationsLoop:
         """Work one batch of the oldest running operation."""
         async with self._pool.acquire() as conn:
             batch = await self._batch(conn)
+        self._last = batch.acted
         if batch.done:
             if self._on_acted:
                 self._on_acted()
@@ -157,4 +164,5 @@ class OperationsLoop:
             return operations.Done(item.position, rules.Outcome.FAILED, error)
         if row is None:
             return operations.Done(item.position, rules.Outcome.SKIPPED)  # the run is gone
+        batch.acted.append(item.run_id)
         return operations.Done(item.position, rules.Outcome.SUCCEEDED)

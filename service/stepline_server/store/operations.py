@@ -122,3 +122,8 @@ async def record(conn: Conn, operation_id: uuid.UUID, done: list[Done]) -> Recor
     left = await conn.fetchval(Q["operation_runs_left"], operation_id, [d.position for d in done])
     items = [{"position": d.position, "outcome": d.outcome, "error": d.error} for d in done]
     return await conn.fetchrow(Q["record_operation_runs"], operation_id, items, bool(left))
+
+
+async def in_flight(conn: Conn, run_ids: list[uuid.UUID]) -> int:
+    """How many of ``run_ids`` are due or being invoked now."""
+    return int(await conn.fetchval(Q["runs_in_flight"], run_ids))

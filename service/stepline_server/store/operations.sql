@@ -150,3 +150,10 @@ SELECT EXISTS (
     SELECT 1 FROM operation_runs
     WHERE operation_id = $1 AND outcome IS NULL AND position <> ALL ($2::integer[])
 );
+
+-- name: runs_in_flight
+-- How many of runs $1 (the last batch an operation acted on) are due or being invoked: the
+-- operation's next batch waits for them, so it never keeps more than a batch in the
+-- dispatcher.
+SELECT count(*)::integer FROM runs
+WHERE id = ANY ($1::uuid[]) AND (lease_token IS NOT NULL OR ready_at <= now());
