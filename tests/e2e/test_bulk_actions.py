@@ -151,6 +151,9 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
             ended = await stack.client.wait_run(r["id"], timeout=30)
             assert ended["status"] == "completed" and ended["trigger"] == "retry"
             assert await by_events(stack, r["id"], "run.retried") == [f"operation:{op['id']}"]
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(stack.url + "/metrics")).text
+        assert 'stepline_runs_started_total{trigger="bulk",workflow="breaks"} 10.0' in metrics
 
 
 async def test_bulk_retry_from_step_takes_runs_that_recorded_it(database_url: str) -> None:
@@ -289,6 +292,8 @@ async def test_operations_list_is_paginated(database_url: str) -> None:
                                          "createdBefore": "2026-01-01T00:00:00Z"}}, 422,
          "filter.createdBefore"),
         ({"action": "cancel", "filter": {"app": "no-such-app"}}, 422, "filter.app"),
+        ({"action": "cancel", "filter": {"createdBefore": "9999-12-31T23:59:59-01:00"}}, 422,
+         "filter.createdBefore"),
         ({"action": "explode", "filter": {}}, 422, "action"),
         ({"action": "cancel"}, 422, "filter"),
         ({"action": "retryFromStep", "filter": {}}, 422, "fromStep"),

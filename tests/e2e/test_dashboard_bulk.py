@@ -152,14 +152,18 @@ async def test_cancel_every_run_matching_the_filter(env: Env) -> None:
 
 
 async def test_nothing_ticked_or_a_read_key(env: Env) -> None:
-    """Choosing an action with nothing ticked says so and does nothing; a read key sees no
-    ticks and no bulk buttons."""
+    """Choosing an action with nothing ticked, or a step name holding a NUL character, says so
+    and does nothing; a read key sees no ticks and no bulk buttons."""
     await failed(env, 1)
     await env.sign_in()
     page = env.page
     await page.click("button:has-text('Retry runs')")
     await page.wait_for_selector(".flash")
     assert "tick the runs" in await page.inner_text(".flash")
+    await page.check("input[name=scope][value=filter]")
+    await page.fill("input[name=fromStep]", "pay\x00")
+    await page.click("button:has-text('Retry runs')")
+    await page.wait_for_selector(".flash >> text=not a text")
     assert (await env.client.list_operations())["operations"] == []
     async with env.stack.orchestrator.pool.acquire() as conn:
         reader = await keys.create_key(conn, "reader", role="read")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from stepline_server.engine import runs as rules
@@ -115,6 +115,8 @@ def select(
 ) -> Selection:
     """The runs an operation of ``action`` takes: those the filter matches that the action can
     act on now (a filter's status the action cannot act on matches nothing)."""
+    created_after = _utc(created_after, "createdAfter")
+    created_before = _utc(created_before, "createdBefore")
     if trigger is not None and trigger not in TRIGGERS:
         raise FilterError("trigger", f"unknown trigger {trigger!r}; one of {', '.join(TRIGGERS)}")
     if created_after and created_before and created_after >= created_before:
@@ -136,6 +138,16 @@ def select(
         from_step=from_step if action is Action.RETRY_FROM_STEP else None,
         run_ids=run_ids,
     )
+
+
+def _utc(value: datetime | None, field: str) -> datetime | None:
+    """A filter's time in UTC; FilterError when it has none there (past year 9999)."""
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise FilterError(field, f"{field} is out of range") from None
 
 
 def check_from_step(action: Action, from_step: str | None) -> None:

@@ -18,6 +18,7 @@ from stepline_server.ui.web import Req
 
 FILTER_FIELDS = ("workflow", "status", "runKey", "after", "before", "q")
 MAX_SELECTED = 500  # runs a page shows at most, so at most this many can be ticked
+MAX_TEXT = 256  # a filter field or a step name
 
 
 def _time(raw: str | None) -> datetime | None:
@@ -34,6 +35,10 @@ class _Chosen:
 
     def __init__(self, r: Req, selected: list[str]) -> None:
         form = r.form
+        for name in (*FILTER_FIELDS, "fromStep"):
+            value = form.get(name) or ""
+            if "\x00" in value or len(value) > MAX_TEXT:
+                raise rules.FilterError(name, f"{name} is not a text this dashboard takes")
         self.kept = {k: form[k] for k in FILTER_FIELDS if form.get(k)}
         self.from_step = (form.get("fromStep") or "").strip() or None
         action = form.get("action", "")
