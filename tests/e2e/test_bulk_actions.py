@@ -266,6 +266,41 @@ async def test_cancelling_an_operation_stops_it_and_keeps_what_was_done(
         assert again.value.status == 409 and again.value.code == "invalid_state"
 
 
+async def test_an_error_acting_on_one_run_is_recorded_and_undoes_that_run_alone(
+    database_url: str,
+) -> None:
+    """When acting on one run raises (here the database refuses to change it), that run counts
+    as failed with its error shown by ``GET /v1/operations/{id}``, it is left as it was, and
+    the other runs of the batch are retried."""
+    sl = bulk_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        failed = await start_ended(stack, "breaks", 3)
+    async with idle_stack(database_url, bulk_batch_size=10) as idle:
+        op = await idle.client.bulk_runs("retry", {"workflow": "breaks"})
+        conn = await idle.conn()
+        try:
+            await conn.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN RAISE EXCEPTION 'the disk is on fire'; END$$"
+            )
+            await conn.execute(
+                "CREATE TRIGGER refuse BEFORE UPDATE ON runs FOR EACH ROW"
+                f" WHEN (OLD.id = '{failed[1]['id']}') EXECUTE FUNCTION refuse()"
+            )
+            await idle.orchestrator.operations.work_once()
+        finally:
+            await conn.close()
+        done = await idle.client.get_operation(op["id"])
+        assert done["status"] == "completed"
+        assert (done["succeeded"], done["failed"], done["skipped"]) == (2, 1, 0), done
+        [error] = done["errors"]
+        assert error["runId"] == failed[1]["id"] and "the disk is on fire" in error["message"]
+        assert (await idle.client.get_run(failed[1]["id"]))["status"] == "failed"
+        assert await by_events(idle, failed[1]["id"], "run.retried") == []
+        assert (await idle.client.get_run(failed[0]["id"]))["status"] == "running"
+
+
 async def test_operations_list_is_paginated(database_url: str) -> None:
     """``GET /v1/operations`` lists operations newest first, a page at a time."""
     async with idle_stack(database_url) as idle:
