@@ -71,6 +71,7 @@ WHERE o.id = $1
 RETURNING o.*;
 
 -- name: get_operation
+-- An operation of project $1 (another project's is not found).
 SELECT * FROM operations WHERE project_id = $1 AND id = $2;
 
 -- name: list_operations
