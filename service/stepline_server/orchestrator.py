@@ -99,6 +99,7 @@ class Orchestrator:
             rest_seconds=self.settings.bulk_rest_seconds,
             on_acted=self.dispatcher.wake,
             on_retried=lambda workflow: self.metrics.run_started(workflow, "bulk"),
+            retention_days=self.settings.retention_days,
         )
         if self.run_loops:
             self.supervisor.add("dispatcher", self.dispatcher.run)

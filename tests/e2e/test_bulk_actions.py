@@ -301,6 +301,26 @@ async def test_an_error_acting_on_one_run_is_recorded_and_undoes_that_run_alone(
         assert (await idle.client.get_run(failed[0]["id"]))["status"] == "running"
 
 
+async def test_operations_past_retention_are_deleted(database_url: str) -> None:
+    """An operation that ended longer ago than runs are kept is deleted with its list of runs;
+    a newer one stays."""
+    async with idle_stack(database_url, retention_days=30) as idle:
+        old = await idle.client.bulk_runs("cancel", {"workflow": "a"})
+        new = await idle.client.bulk_runs("cancel", {"workflow": "b"})
+        conn = await idle.conn()
+        try:
+            await conn.execute(
+                "UPDATE operations SET created_at = now() - interval '32 days',"
+                " ended_at = now() - interval '31 days' WHERE id = $1",
+                uuid.UUID(old["id"]),
+            )
+        finally:
+            await conn.close()
+        assert await idle.orchestrator.operations.sweep_once() == 1
+        listed = (await idle.client.list_operations())["operations"]
+        assert [op["id"] for op in listed] == [new["id"]]
+
+
 async def test_operations_list_is_paginated(database_url: str) -> None:
     """``GET /v1/operations`` lists operations newest first, a page at a time."""
     async with idle_stack(database_url) as idle:

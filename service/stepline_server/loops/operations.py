@@ -34,6 +34,7 @@ from stepline_server.store.db import Conn, Pool, Record
 log = structlog.get_logger("stepline.operations")
 
 IDLE_SECONDS = 1.0  # how often to look for a running operation when there is none
+SWEEP_SECONDS = 60.0  # how often an idle loop deletes operations past retention
 
 
 @dataclass
@@ -57,6 +58,7 @@ class OperationsLoop:
         rest_seconds: float = rules.REST_SECONDS,
         on_acted: Callable[[], None] | None = None,
         on_retried: Callable[[str], None] | None = None,
+        retention_days: float = 0.0,
     ) -> None:
         self._pool = pool
         self._batch_size = max(1, batch_size)
@@ -65,6 +67,8 @@ class OperationsLoop:
         self._on_acted = on_acted
         self._on_retried = on_retried
         self._last: list[uuid.UUID] = []  # the runs the last batch acted on
+        self._retention_s = retention_days * 86_400
+        self._swept_at = 0.0
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -75,12 +79,28 @@ class OperationsLoop:
             began = time.monotonic()
             batch = await self.work_once()
             if batch.done == 0:
+                if time.monotonic() - self._swept_at > SWEEP_SECONDS:
+                    await self.sweep_once()
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), IDLE_SECONDS)
                 continue
             rest = max(self._rest, rules.rest_after(time.monotonic() - began, 0))
             await asyncio.sleep(rest)
+
+    async def sweep_once(self) -> int:
+        """Delete the operations that ended longer ago than the runs are kept (none when runs
+        are kept for ever); how many."""
+        self._swept_at = time.monotonic()
+        if self._retention_s <= 0:
+            return 0
+        total = 0
+        async with self._pool.acquire() as conn:
+            while deleted := await operations.delete_old(conn, self._retention_s):
+                total += deleted
+        if total:
+            log.info("operations_swept", operations=total)
+        return total
 
     async def _room(self) -> None:
         """Wait while the dispatcher has a backlog of due runs or still invokes runs of the

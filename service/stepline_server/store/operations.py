@@ -127,3 +127,10 @@ async def record(conn: Conn, operation_id: uuid.UUID, done: list[Done]) -> Recor
 async def in_flight(conn: Conn, run_ids: list[uuid.UUID]) -> int:
     """How many of ``run_ids`` are due or being invoked now."""
     return int(await conn.fetchval(Q["runs_in_flight"], run_ids))
+
+
+async def delete_old(conn: Conn, older_than_seconds: float, limit: int = 10) -> int:
+    """Delete up to ``limit`` operations that ended more than ``older_than_seconds`` ago (with
+    their lists of runs); how many."""
+    status = await conn.execute(Q["delete_old_operations"], older_than_seconds, limit)
+    return int(status.split()[-1])

@@ -158,3 +158,15 @@ SELECT EXISTS (
 -- dispatcher.
 SELECT count(*)::integer FROM runs
 WHERE id = ANY ($1::uuid[]) AND (lease_token IS NOT NULL OR ready_at <= now());
+
+-- name: delete_old_operations
+-- Up to $2 operations that ended more than $1 seconds ago, with their lists of runs (kept as
+-- long as runs are, STEPLINE_RETENTION_DAYS). Rows another orchestrator is deleting are passed
+-- over.
+DELETE FROM operations WHERE id IN (
+    SELECT id FROM operations
+    WHERE ended_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY ended_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);

@@ -23,6 +23,7 @@ COMMENT ON COLUMN operations.status IS 'running: runs left to act on; completed:
 COMMENT ON COLUMN operations.succeeded IS 'Counters kept in the transaction that acts on each batch of runs.';
 CREATE INDEX operations_created ON operations (project_id, created_at DESC, id DESC);
 CREATE INDEX operations_running ON operations (created_at) WHERE status = 'running';
+CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;
 
 CREATE TABLE operation_runs (
     operation_id uuid NOT NULL REFERENCES operations (id) ON DELETE CASCADE,
