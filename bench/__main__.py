@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workloads",
         default=",".join(DEFAULT_WORKLOADS),
-        help=f"comma-separated, from {','.join(WORKLOADS)} [all but scale]",
+        help=f"comma-separated, from {','.join(WORKLOADS)} [all but scale and bulk]",
     )
     p.add_argument(
         "--runs", type=int, help=f"R: concurrent runs of steps, sleep, callback [{d.runs}]"
@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-ended", type=int, help=f"ended runs `scale` adds [{d.scale_ended:,}]")
     p.add_argument(
         "--scale-sleeping", type=int, help=f"sleeping runs `scale` adds [{d.scale_sleeping:,}]"
+    )
+    p.add_argument(
+        "--bulk-runs", type=int, help=f"failed runs `bulk` retries in bulk [{d.bulk_runs:,}]"
     )
     p.add_argument("--timeout", type=float, help=f"bound of each workload in s [{d.timeout:g}]")
     p.add_argument(
@@ -108,6 +111,7 @@ def config_from(args: argparse.Namespace) -> Config:
         "timeout",
         "scale_ended",
         "scale_sleeping",
+        "bulk_runs",
     ):
         value = getattr(args, key)
         if value is not None:

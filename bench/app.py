@@ -189,6 +189,13 @@ async def callback(ctx: stepline.Context, input: Any) -> Any:
     return await cb.wait()
 
 
+@sl.workflow("breaks")
+async def breaks(ctx: stepline.Context, input: Any) -> None:
+    """A trivial step, then a terminal error: the failed runs ``bulk`` retries."""
+    await ctx.step("s0", trivial, 0)
+    raise stepline.TerminalError("breaks on purpose")
+
+
 @sl.workflow("idle")
 async def idle(ctx: stepline.Context, input: dict[str, Any]) -> None:
     STATS.counts["idle_reached"] += 1

@@ -63,6 +63,15 @@ def details(row: JSON) -> str:
                     f"per-step x{growth['bytes_per_step_ratio']} B, x{growth['ms_per_step_ratio']} "
                     f"time vs {key.removeprefix('growth_vs_').replace('_', '-')}"
                 )
+    elif name == "bulk-retry":
+        op = x.get("operation") or {}
+        parts.append(
+            f"{op.get('succeeded')}/{op.get('matched')} retried in {x.get('operation_s')} s "
+            f"(all ended again in {x.get('retried_runs_ended_s')} s)"
+        )
+        parts.append(
+            f"lone run p50 x{x.get('lone_p50_ratio')}, p95 x{x.get('lone_p95_ratio')} vs before"
+        )
     elif name == "fill":
         parts.append(f"{x.get('ended', 0):,} ended + {x.get('sleeping', 0):,} asleep added")
         parts.append(f"db {x.get('db_size')}, vacuumed in {x.get('vacuum_s')} s")

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import stepline
-from bench import procs, scale, workloads
+from bench import bulk, procs, scale, workloads
 from bench.procs import ROOT, Monitor, Service
 
-WORKLOADS = ("steps", "keyed", "fanout", "sleep", "callback", "long", "idle", "scale")
-DEFAULT_WORKLOADS = WORKLOADS[:-1]  # scale fills the database: only when asked for
+WORKLOADS = ("steps", "keyed", "fanout", "sleep", "callback", "long", "idle", "scale", "bulk")
+# scale fills the database and bulk makes 10,000 failed runs: only when asked for
+DEFAULT_WORKLOADS = WORKLOADS[:-2]
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Config:
     keep_logs: bool = False
     scale_ended: int = 1_000_000
     scale_sleeping: int = 100_000
+    bulk_runs: int = 10_000  # failed runs the bulk workload retries
 
 
 QUICK = {
@@ -109,6 +111,8 @@ async def _workloads(bench: workloads.Bench, config: Config, dsn: str) -> list[w
         results += await workloads.long_sleep(bench, config.long)
         results += await workloads.long_sleep(bench, config.long, every=config.long_every)
         results += await workloads.big(bench, config.big_steps, config.big_kb)
+    if "bulk" in chosen:
+        results += await bulk.bulk(bench, config.bulk_runs, config.latency_repeats, config.steps)
     if "idle" in chosen:
         results += await workloads.idle(bench, config.idle_runs, config.idle_window)
     if "scale" in chosen:

@@ -422,6 +422,36 @@ class _Api(Generic[_D, _N, _I]):
         """Start a run of the schedule now; answers the run."""
         return self._json(_Request("POST", _path("schedules", schedule_id, "trigger")))
 
+    def bulk_runs(
+        self,
+        action: str,
+        filter: Mapping[str, Any],
+        *,
+        from_step: str | None = None,
+        dry_run: bool = False,
+    ) -> _D:
+        """Cancel (``"cancel"``) or retry (``"retry"``, ``"retryFromStep"`` with ``from_step``)
+        every run ``filter`` matches: an operation, worked in the background; with ``dry_run``,
+        ``{"matched": n, "sample": [...]}`` and nothing changes."""
+        body = _compact(action=action, filter=dict(filter), fromStep=from_step)
+        if dry_run:
+            body["dryRun"] = True
+        return self._json(_Request("POST", _path("runs", "bulk"), body=body))
+
+    def list_operations(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
+        """One page of bulk operations, newest first."""
+        return self._json(
+            _Request("GET", _path("operations"), params=_params(limit=limit, cursor=cursor))
+        )
+
+    def get_operation(self, operation_id: str) -> _D:
+        """A bulk operation: its status, counters and first errors."""
+        return self._json(_Request("GET", _path("operations", operation_id)))
+
+    def cancel_operation(self, operation_id: str) -> _D:
+        """Stop a bulk operation; what it did stays done."""
+        return self._json(_Request("POST", _path("operations", operation_id, "cancel")))
+
 
 def _http_options(base_url: str, timeout: float, headers: Mapping[str, str] | None) -> JSON:
     headers = {"User-Agent": "stepline-python", **(headers or {})}

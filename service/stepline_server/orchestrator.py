@@ -19,6 +19,7 @@ from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener, repair, sweeper
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
+from stepline_server.loops.operations import OperationsLoop
 from stepline_server.loops.pull import PullInvocations
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.loops.supervisor import Supervisor
@@ -55,6 +56,7 @@ class Orchestrator:
         self.batcher: ProgressBatcher
         self.pull: PullInvocations
         self.scheduler: Scheduler
+        self.operations: OperationsLoop
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
         self.metrics = Metrics()
@@ -91,6 +93,14 @@ class Orchestrator:
         self.scheduler = Scheduler(
             self.pool, self.settings, on_started=self.dispatcher.wake, metrics=self.metrics
         )
+        self.operations = OperationsLoop(
+            self.pool,
+            batch_size=self.settings.bulk_batch_size,
+            rest_seconds=self.settings.bulk_rest_seconds,
+            on_acted=self.dispatcher.wake,
+            on_retried=lambda workflow: self.metrics.run_started(workflow, "bulk"),
+            retention_days=self.settings.retention_days,
+        )
         if self.run_loops:
             self.supervisor.add("dispatcher", self.dispatcher.run)
             self.supervisor.add("scheduler", self.scheduler.run)
@@ -100,6 +110,7 @@ class Orchestrator:
                 "sweeper", lambda: sweeper.sweep(self.pool, self.settings.retention_days)
             )
             self.supervisor.add("repair", lambda: repair.check_forever(self.pool, self.metrics))
+            self.supervisor.add("operations", self.operations.run)
             self.supervisor.add(
                 "listener",
                 lambda: listener.listen(

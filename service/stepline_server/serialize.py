@@ -276,3 +276,26 @@ def invocation(row: Record) -> dict[str, Any]:
         "deploymentId": row["deployment_id"],
         "response": row["error"] if outcome not in (None, "completed", "suspended") else None,
     }
+
+
+def operation(row: Record, errors: list[Record] | None = None) -> dict[str, Any]:
+    """A bulk operation; with ``errors``, its first errors too."""
+    data: dict[str, Any] = {
+        "id": str(row["id"]),
+        "action": row["action"],
+        "filter": row["filter"],
+        "fromStep": row["from_step"],
+        "status": row["status"],
+        "matched": row["matched"],
+        "succeeded": row["succeeded"],
+        "failed": row["failed"],
+        "skipped": row["skipped"],
+        "createdAt": ts(row["created_at"]),
+        "endedAt": ts(row["ended_at"]),
+    }
+    if errors is not None:
+        data["errors"] = [
+            {"runId": str(e["run_id"]), **(e["error"] or {}), "at": ts(e["done_at"])}
+            for e in errors
+        ]
+    return data

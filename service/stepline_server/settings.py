@@ -52,6 +52,9 @@ class Settings:
     # link-local ones).
     auth_failure_limit: int = 20
     app_networks: tuple[str, ...] = ()
+    # Bulk operations: runs acted on per batch, and the least rest between two batches.
+    bulk_batch_size: int = 10
+    bulk_rest_seconds: float = 0.1
 
     @property
     def base_url(self) -> str:
@@ -105,6 +108,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         ),
         auth_failure_limit=int(e.get("STEPLINE_AUTH_FAILURE_LIMIT", s.auth_failure_limit)),
         app_networks=_networks(e.get("STEPLINE_APP_NETWORKS", "")),
+        bulk_batch_size=max(1, int(e.get("STEPLINE_BULK_BATCH_SIZE", s.bulk_batch_size))),
+        bulk_rest_seconds=float(e.get("STEPLINE_BULK_REST_SECONDS", s.bulk_rest_seconds)),
     )
 
 

@@ -109,3 +109,24 @@ def test_the_scale_workload_runs_before_and_after_filling_the_database(
     assert sweep["runs_attempted"] == sweep["runs_completed"] == 3000
     assert 0 <= sweep["extra"]["during_workloads"] <= 3000
     assert set(sweep["extra"]["sweep_vs_empty"]) == set(core)
+
+
+@pytest.mark.slow
+def test_the_bulk_workload_runs_at_a_tiny_size(database_url: str, tmp_path: Path) -> None:
+    """`--workloads bulk` at a tiny size: the failed runs are retried in bulk, every one, and
+    the lone runs measured before and during it all complete."""
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "bench", "--workloads=bulk", "--bulk-runs=6", "--steps=2",
+            "--latency-repeats=2", "--timeout=60", "--log-level=warning",
+            f"--database-url={database_url}", f"--json={out}"]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    rows = {row["workload"]: row for row in json.loads(out.read_text())["workloads"]}
+    assert set(rows) == {"bulk-before", "bulk-during", "bulk-retry"}
+    retry = rows["bulk-retry"]
+    assert retry["extra"]["failed_runs"] == 6
+    assert retry["extra"]["operation"] == {
+        "status": "completed", "matched": 6, "succeeded": 6, "skipped": 0, "failed": 0
+    }  # fmt: skip
+    assert rows["bulk-before"]["runs_completed"] == 2
+    assert rows["bulk-during"]["runs_completed"] >= 1

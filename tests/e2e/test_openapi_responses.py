@@ -112,6 +112,15 @@ async def test_answers_match_the_contract(database_url: str) -> None:
         await call(stack, "GET", f"/v1/runs/{uuid.uuid4()}/replay", "/v1/runs/{runId}/replay")
         await call(stack, "POST", f"/v1/runs/{run['id']}/cancel", "/v1/runs/{runId}/cancel")
         await call(stack, "POST", f"/v1/runs/{run['id']}/retry", "/v1/runs/{runId}/retry")
+        bulk = {"action": "cancel", "filter": {"workflow": "wf", "status": ["running"]}}
+        await call(stack, "POST", "/v1/runs/bulk", "/v1/runs/bulk", json=bulk | {"dryRun": True})
+        op = await call(stack, "POST", "/v1/runs/bulk", "/v1/runs/bulk", json=bulk)
+        await call(stack, "POST", "/v1/runs/bulk", "/v1/runs/bulk", json={"action": "x"})  # 422
+        await call(stack, "GET", "/v1/operations", "/v1/operations")
+        one_op = f"/v1/operations/{op['id']}"
+        await call(stack, "GET", one_op, "/v1/operations/{operationId}")
+        await call(stack, "POST", one_op + "/cancel", "/v1/operations/{operationId}/cancel")
+        await call(stack, "POST", one_op + "/cancel", "/v1/operations/{operationId}/cancel")
         await call(stack, "POST", "/v1/events", "/v1/events", json={"name": "e", "data": {}})
         await call(stack, "POST", "/v1/runs", "/v1/runs", content=b"{")  # 400
         await call(stack, "POST", "/v1/runs", "/v1/runs", json={"workflow": "nope"})  # 404

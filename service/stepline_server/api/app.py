@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
+from stepline_server.api import routes_operations as operations
 from stepline_server.api import routes_pause as pause
 from stepline_server.api import routes_protocol as protocol
 from stepline_server.api import routes_pull as pull
@@ -60,6 +61,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/workflows/{name}/resume", pause.resume_workflow, methods=["POST"]),
     Route("/v1/runs", runs.start_run, methods=["POST"]),
     Route("/v1/runs", runs.list_runs, methods=["GET"]),
+    Route("/v1/runs/bulk", operations.bulk_runs, methods=["POST"]),
     Route("/v1/runs/{runId}", runs.get_run, methods=["GET"]),
     Route("/v1/runs/{runId}/cancel", runs.cancel_run, methods=["POST"]),
     Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
@@ -67,6 +69,9 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
     Route("/v1/runs/{runId}/logs", runs.list_logs, methods=["GET"]),
     Route("/v1/runs/{runId}/replay", runs.get_replay, methods=["GET"]),
+    Route("/v1/operations", operations.list_operations, methods=["GET"]),
+    Route("/v1/operations/{operationId}", operations.get_operation, methods=["GET"]),
+    Route("/v1/operations/{operationId}/cancel", operations.cancel_operation, methods=["POST"]),
     Route("/v1/callbacks/{callbackId}", waits.get_callback, methods=["GET"]),
     Route("/v1/callbacks/{callbackId}", waits.complete_callback, methods=["POST"]),
     Route(

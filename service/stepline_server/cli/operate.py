@@ -17,13 +17,13 @@ from typing import Any, TextIO
 import httpx
 
 import stepline
-from stepline_server.cli import output, pausing
+from stepline_server.cli import bulk, output, pausing
 from stepline_server.settings import operator_from_env
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timedOut"})
 FOLLOW_POLL_SECONDS = 0.5
 
-Command = Callable[[stepline.Client, argparse.Namespace, TextIO, TextIO], None]
+Command = Callable[[stepline.Client, argparse.Namespace, TextIO, TextIO], int | None]
 
 
 class UsageError(Exception):
@@ -156,19 +156,41 @@ def runs_start(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: Text
     out.write("\n".join(output.run_lines(run)) + "\n")
 
 
-def runs_cancel(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def _bulk_or_one(a: argparse.Namespace, what: str) -> bool:
+    """Whether ``runs cancel``/``runs retry`` acts on every run of a filter (else on one id)."""
+    if a.id is not None:
+        if bulk.wants_bulk(a) or a.dry_run or a.yes:
+            raise UsageError("give a run id or filters (--workflow, --status, ...), not both")
+        return False
+    if not bulk.wants_bulk(a):
+        raise UsageError(
+            f"give the id of the run to {what}, or filters (--workflow, --status, ...) to"
+            f" {what} every run they match"
+        )
+    return True
+
+
+def runs_cancel(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int | None:
+    if _bulk_or_one(a, "cancel"):
+        return bulk.run_bulk(c, a, "cancel", out, err, a.stdin)
     run = c.cancel_run(a.id)
     if a.json:
-        return output.as_json(run, out)
+        output.as_json(run, out)
+        return 0
     out.write(f"run {run['id']}: {run['status']}\n")
+    return 0
 
 
-def runs_retry(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def runs_retry(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int | None:
+    if _bulk_or_one(a, "retry"):
+        return bulk.run_bulk(c, a, "retry", out, err, a.stdin)
     run = c.retry_run(a.id, from_step=a.from_step)
     if a.json:
-        return output.as_json(run, out)
+        output.as_json(run, out)
+        return 0
     where = f" from step {a.from_step!r}" if a.from_step else ""
     out.write(f"run {run['id']}: {run['status']} (retried{where})\n")
+    return 0
 
 
 # callbacks and events
@@ -282,6 +304,31 @@ def schedules_trigger(c: stepline.Client, a: argparse.Namespace, out: TextIO, er
     out.write(f"schedule {a.id} triggered run {run['id']} ({run['status']})\n")
 
 
+# bulk operations
+
+
+def operations_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_operations(limit=a.limit)
+    if a.json:
+        return output.as_json(page, out)
+    for op in page["operations"]:
+        out.write(bulk.summary(op))
+
+
+def operations_show(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    op = c.get_operation(a.id)
+    if a.json:
+        return output.as_json(op, out)
+    out.write(bulk.summary(op))
+
+
+def operations_cancel(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    op = c.cancel_operation(a.id)
+    if a.json:
+        return output.as_json(op, out)
+    out.write(bulk.summary(op))
+
+
 # the parser
 
 
@@ -297,7 +344,8 @@ def _common() -> argparse.ArgumentParser:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``runs``, ``callbacks``, ``events``, ``apps`` and ``schedules`` to the CLI."""
+    """Add ``runs``, ``operations``, ``callbacks``, ``events``, ``apps`` and ``schedules`` to
+    the CLI."""
     common = _common()
 
     def group(name: str, help: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
@@ -334,11 +382,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--priority", type=int, help="-100 to 100 (default 0): due runs go higher first")
     p.add_argument("--wait", action="store_true", help="print the run once it has ended")
     p.add_argument("--timeout", type=float, help="with --wait: stop waiting after this many s")
-    p = leaf(runs, "cancel", runs_cancel, "request a run's cancellation")
-    p.add_argument("id")
-    p = leaf(runs, "retry", runs_retry, "run a failed, cancelled or timed-out run again")
-    p.add_argument("id")
+    p = leaf(runs, "cancel", runs_cancel, "request a run's cancellation, or every matching run's")
+    p.add_argument("id", nargs="?", help="the run (or filters instead: every run they match)")
+    bulk.add_filter_flags(p)
+    p = leaf(runs, "retry", runs_retry, "run a failed, cancelled or timed-out run again, or many")
+    p.add_argument("id", nargs="?", help="the run (or filters instead: every run they match)")
     p.add_argument("--from-step", help="run this step and every step after it again")
+    bulk.add_filter_flags(p)
+
+    ops = group("operations", "bulk operations: list, show, cancel")
+    p = leaf(ops, "list", operations_list, "bulk operations, newest first")
+    p.add_argument("--limit", type=int, default=50)
+    p = leaf(ops, "show", operations_show, "an operation's progress and first errors")
+    p.add_argument("id")
+    p = leaf(ops, "cancel", operations_cancel, "stop an operation (what it did stays done)")
+    p.add_argument("id")
 
     callbacks = group("callbacks", "complete waiting callbacks")
     p = leaf(callbacks, "complete", callbacks_complete, "complete a callback (id or signed URL)")
@@ -377,11 +435,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("id")
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+_STDIN: Any = object()
+
+
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    stdin: TextIO | None = _STDIN,
+) -> int:
     """Run the operator command ``args`` names (printing to ``out`` and ``err``, by default
-    stdout and stderr); answer its exit status."""
+    stdout and stderr, asking on ``stdin``, by default the process's; None: no one to ask);
+    answer its exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
+    args.stdin = sys.stdin if stdin is _STDIN else stdin
     if not args.api_key:
         err.write(
             "stepline: no API key: pass --api-key or set STEPLINE_API_KEY"
@@ -390,8 +458,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         return 2
     try:
         with stepline.Client(args.url, api_key=args.api_key) as client:
-            args.operate(client, args, out, err)
-    except UsageError as exc:
+            code = args.operate(client, args, out, err)
+    except (UsageError, bulk.Refused) as exc:
         err.write(f"stepline: {exc}\n")
         return 2
     except stepline.ApiError as exc:
@@ -402,4 +470,4 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return code if isinstance(code, int) else 0

@@ -465,12 +465,14 @@ async def restart(
     position: int | None,
     from_step: str | None,
     trigger: str | None = None,
+    by: str | None = None,
 ) -> Record:
     """Run an ended run again, from its first failed or unfinished step (or the step at
     ``position``, when earlier); with ``trigger``, the run says it came from there now (its
-    ``run.retried`` event keeps the trigger it had). In a transaction, with the run locked.
-    Raises :class:`~stepline_server.engine.runs.RuleError` while another run not ended holds
-    its singleton key (a unique index backs this: two retries at once cannot both pass)."""
+    ``run.retried`` event keeps the trigger it had); ``by`` names who asked (``data.by``, e.g.
+    a bulk operation). In a transaction, with the run locked. Raises
+    :class:`~stepline_server.engine.runs.RuleError` while another run not ended holds its
+    singleton key (a unique index backs this: two retries at once cannot both pass)."""
     holder = await conn.fetchval(Q["singleton_holder"], run_id)
     if holder is not None:
         raise rules.RuleError(rules.singleton_taken(holder))
@@ -480,6 +482,8 @@ async def restart(
     data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
     if trigger is not None and before != trigger:
         data["previousTrigger"] = before
+    if by is not None:
+        data["by"] = by
     await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
     await conn.execute(Q["notify_wake"])
     return row
@@ -580,6 +584,16 @@ class End:
     status: rules.RunStatus
     output: Any = None
     error: dict[str, Any] | None = None
+    by: str | None = None  # who asked, in the end event's data (e.g. a bulk operation)
+
+
+def _end_data(e: End) -> dict[str, Any] | None:
+    data: dict[str, Any] = {}
+    if e.error:
+        data["error"] = e.error
+    if e.by:
+        data["by"] = e.by
+    return data or None
 
 
 async def end_runs(conn: Conn, ends: list[End]) -> set[uuid.UUID]:
@@ -595,7 +609,7 @@ async def end_runs(conn: Conn, ends: list[End]) -> set[uuid.UUID]:
                 "output": e.output,
                 "error": e.error,
                 "event": rules.END_EVENT[e.status],
-                "data": {"error": e.error} if e.error else None,
+                "data": _end_data(e),
             }
             for e in ends
         ],
@@ -621,20 +635,25 @@ async def end_run(
     status: rules.RunStatus,
     output: Any,
     error: dict[str, Any] | None,
+    by: str | None = None,
 ) -> bool:
     """End one run, as :func:`end_runs` does. In a transaction."""
-    return run_id in await end_runs(conn, [End(run_id, token, status, output, error)])
+    return run_id in await end_runs(conn, [End(run_id, token, status, output, error, by)])
 
 
-async def cancel_tree(conn: Conn, run_id: uuid.UUID) -> None:
-    """Ask a running run to cancel: its waits are cancelled, its children too, and it wakes."""
+async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> None:
+    """Ask a running run to cancel: its waits are cancelled, its children too, and it wakes;
+    ``by`` names who asked in its ``run.cancelling`` event (``data.by``)."""
     if await conn.fetchval(Q["request_cancel"], run_id) is None:
         return
     cancelled = await conn.fetch(Q["cancel_waits"], run_id)
     callbacks = [r["callback_id"] for r in cancelled if r["callback_id"] is not None]
     if callbacks:
         await conn.execute(Q["cancel_callbacks"], callbacks)
-    events: list[dict[str, Any]] = [{"type": "run.cancelling"}] + [
+    cancelling: dict[str, Any] = {"type": "run.cancelling"}
+    if by is not None:
+        cancelling["data"] = {"by": by}
+    events: list[dict[str, Any]] = [cancelling] + [
         {"type": "step.cancelled", "step_name": r["name"], "data": {"kind": r["kind"]}}
         for r in cancelled
     ]

@@ -120,9 +120,12 @@ async def send_event(
     return event_id, Sent(matched, started)
 
 
-async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record | None:
+async def cancel(
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, *, by: str | None = None
+) -> Record | None:
     """Request cancellation (a run never invoked ends cancelled at once); None when the run
-    does not exist; RuleError when it has ended."""
+    does not exist; RuleError when it has ended. ``by`` names who asked in the event the
+    cancel causes (``data.by``: a bulk operation)."""
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:
@@ -130,27 +133,33 @@ async def cancel(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> Record
         if rules.check_cancel(run["status"]):
             if rules.cancels_at_once(run["started_at"], run["lease_token"]):
                 status = rules.RunStatus.CANCELLED
-                await dispatch.end_run(conn, run_id, None, status, None, None)
+                await dispatch.end_run(conn, run_id, None, status, None, None, by)
             else:
-                await dispatch.cancel_tree(conn, run_id)
+                await dispatch.cancel_tree(conn, run_id, by)
         return await runs.get(conn, project_id, run_id)
 
 
 async def retry(
-    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
+    conn: Conn,
+    project_id: uuid.UUID,
+    run_id: uuid.UUID,
+    from_step: str | None,
+    *,
+    by: str | None = None,
 ) -> Record | None:
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
-    one (and before ``from_step``, if given); its trigger becomes ``retry``. RuleError when its
+    one (and before ``from_step``, if given); its trigger becomes ``retry``. ``by`` names who
+    asked in its ``run.retried`` event (``data.by``: a bulk operation). RuleError when its
     state does not allow it, or another run holds its singleton key."""
     try:
-        return await _retry(conn, project_id, run_id, from_step)
+        return await _retry(conn, project_id, run_id, from_step, by)
     except UniqueViolationError:  # another retry took the singleton key at the same moment
         holder = await conn.fetchval(Q["singleton_holder"], run_id)
         raise rules.RuleError(rules.singleton_taken(holder)) from None
 
 
 async def _retry(
-    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None
+    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None, by: str | None
 ) -> Record | None:
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
@@ -164,7 +173,7 @@ async def _retry(
                 raise rules.RuleError(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
-        return await dispatch.restart(conn, run_id, position, from_step, trigger="retry")
+        return await dispatch.restart(conn, run_id, position, from_step, trigger="retry", by=by)
 
 
 async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:

@@ -12,6 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepline_server.ui import pages_admin as admin
+from stepline_server.ui import pages_bulk as bulk
 from stepline_server.ui import pages_runs as runs
 from stepline_server.ui.web import Shared, endpoint
 
@@ -59,6 +60,16 @@ def dashboard(state: State) -> ASGIApp:
         Route("/logout", endpoint(s, runs.logout, public=True), methods=["POST"]),
         Route("/runs", endpoint(s, runs.runs_page)),
         Route("/runs/rows", endpoint(s, runs.runs_rows)),
+        Route("/runs/bulk", endpoint(s, bulk.confirm, **w), methods=["POST"]),
+        Route("/runs/bulk/start", endpoint(s, bulk.start, **w), methods=["POST"]),
+        Route("/operations", endpoint(s, bulk.operations_page)),
+        Route("/operations/{operationId}", endpoint(s, bulk.operation_page)),
+        Route("/operations/{operationId}/live", endpoint(s, bulk.operation_live)),
+        Route(
+            "/operations/{operationId}/cancel",
+            endpoint(s, bulk.cancel_operation, **w),
+            methods=["POST"],
+        ),
         Route("/runs/{runId}", endpoint(s, runs.run_page)),
         Route("/runs/{runId}/live", endpoint(s, runs.run_live)),
         Route("/runs/{runId}/cancel", endpoint(s, runs.cancel, **w), methods=["POST"]),

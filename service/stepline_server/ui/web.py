@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -48,6 +48,11 @@ class Req:
     session: Session
     viewer: permissions.Viewer | None
     form: dict[str, str]
+    fields: list[tuple[str, str]] = field(default_factory=list)  # the form, repeats kept
+
+    def form_values(self, name: str) -> list[str]:
+        """Every value the form sent for ``name`` (a field repeated, like ticked boxes)."""
+        return [v for k, v in self.fields if k == name]
 
     @property
     def orch(self) -> Orchestrator:
@@ -83,14 +88,14 @@ class Req:
 Handler = Callable[[Req], Awaitable[Response]]
 
 
-async def _form(request: Request) -> dict[str, str] | None:
-    """The url-encoded form, or None when it is too large."""
+async def _form(request: Request) -> list[tuple[str, str]] | None:
+    """The url-encoded form's fields in order, or None when it is too large."""
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM:
             return None
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
 
 
 def endpoint(
@@ -124,9 +129,10 @@ async def _guarded(req: Req, handler: Handler, *, public: bool, write: bool) -> 
             return Response(status_code=401, headers={"HX-Redirect": "/ui/login"})
         return RedirectResponse("/ui/login", 303)
     if request.method == "POST":
-        form = await _form(request)
-        if form is None:
+        fields = await _form(request)
+        if fields is None:
             return req.page("error.html", 413, title="Too large", message="The form is too large.")
+        form = dict(fields)
         if not req.session.csrf_ok(form.get("_csrf")):
             return req.page(
                 "error.html",
@@ -135,7 +141,7 @@ async def _guarded(req: Req, handler: Handler, *, public: bool, write: bool) -> 
                 message="This form is out of date or was not sent by this dashboard (its CSRF"
                 " token does not match). Reload the page and try again.",
             )
-        req.form = form
+        req.form, req.fields = form, fields
         if write and (req.viewer is None or not permissions.can_write(req.viewer)):
             return req.page(
                 "error.html", 403, title="Refused", message="Your API key may not change anything."

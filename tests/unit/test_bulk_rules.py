@@ -1,0 +1,73 @@
+"""The bulk action rules: which runs an action takes, what a filter means, how it paces."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from stepline_server.engine import bulk
+
+
+def test_an_action_takes_the_filter_statuses_it_can_act_on() -> None:
+    """Cancel takes running runs, retry failed, cancelled and timed-out ones; a filter status
+    the action cannot act on leaves nothing."""
+    none = dict(run_key=None, trigger=None, created_after=None, created_before=None)
+    assert bulk.select(bulk.Action.CANCEL, status=None, **none).statuses == ("running",)
+    retry = bulk.select(bulk.Action.RETRY, status=None, **none).statuses
+    assert retry == ("cancelled", "failed", "timedOut")
+    some = bulk.select(bulk.Action.RETRY, status=["failed", "running"], **none)
+    assert some.statuses == ("failed",)
+    assert bulk.select(bulk.Action.CANCEL, status="completed", **none).statuses == ()
+
+
+def test_run_key_prefix_and_exact() -> None:
+    """``runKey`` ending with ``*`` is a prefix; otherwise an exact key; anything else is
+    refused naming the field."""
+    assert bulk.run_key_of("signup-*") == (None, "signup-")
+    assert bulk.run_key_of("*") == (None, "")
+    assert bulk.run_key_of("signup-1") == ("signup-1", None)
+    for bad in ("a*b*", "sp ace", "a/b*"):
+        with pytest.raises(bulk.FilterError) as exc:
+            bulk.run_key_of(bad)
+        assert exc.value.field == "runKey"
+
+
+def test_filters_that_cannot_select_runs_are_refused() -> None:
+    """Unknown statuses and triggers, an empty status list and an empty time window are
+    refused; fromStep goes with retryFromStep alone."""
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    cases = [
+        dict(status="asleep"),
+        dict(status=[]),
+        dict(trigger="cron"),
+        dict(created_after=t, created_before=t),
+    ]
+    for case in cases:
+        args = dict(status=None, run_key=None, trigger=None, created_after=None,
+                    created_before=None) | case  # fmt: skip
+        with pytest.raises(bulk.FilterError):
+            bulk.select(bulk.Action.CANCEL, **args)  # type: ignore[arg-type]
+    with pytest.raises(bulk.FilterError):
+        bulk.check_from_step(bulk.Action.RETRY_FROM_STEP, None)
+    with pytest.raises(bulk.FilterError):
+        bulk.check_from_step(bulk.Action.CANCEL, "a")
+    bulk.check_from_step(bulk.Action.RETRY_FROM_STEP, "a")
+
+
+def test_a_cancel_skips_runs_no_longer_running() -> None:
+    assert bulk.cancel_outcome("running") is None
+    for status in ("cancelling", "completed", "failed", None):
+        assert bulk.cancel_outcome(status) is bulk.Outcome.SKIPPED
+
+
+def test_pacing_rests_between_batches_and_waits_for_room() -> None:
+    """A batch is followed by a rest (longer after a longer batch, longer with a backlog);
+    no batch goes while the dispatcher has a backlog or the last batch is still invoked."""
+    assert bulk.rest_after(0.0, 0) == bulk.REST_SECONDS
+    assert bulk.rest_after(1.0, 0) == pytest.approx(1.0 * (1 - bulk.DUTY) / bulk.DUTY)
+    assert bulk.rest_after(0.0, bulk.BACKLOG_ROOM + 1) > bulk.REST_SECONDS
+    assert bulk.may_act(0) and bulk.may_act(bulk.BACKLOG_ROOM)
+    assert not bulk.may_act(bulk.BACKLOG_ROOM + 1)
+    assert not bulk.may_act(0, busy=1)
+    assert bulk.by("x") == "operation:x"
