@@ -98,6 +98,7 @@ class Orchestrator:
             self.alert_sender,
             self.settings.base_url,
             poll_seconds=min(self.settings.poll_seconds, 1.0),
+            retention_days=self.settings.retention_days,
         )
         self.scheduler = Scheduler(
             self.pool, self.settings, on_started=self.dispatcher.wake, metrics=self.metrics

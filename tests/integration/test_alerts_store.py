@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
 
@@ -123,3 +124,22 @@ async def test_a_claimed_notification_is_skipped_by_another_orchestrator(
         assert [r["id"] for r in again] == [n["id"]] and again[0]["attempts"] == 1
     finally:
         await other.close()
+
+
+async def test_settled_notifications_go_after_the_retention_days(conn: db.Conn) -> None:
+    """A delivered or failed notification older than the retention is deleted; a pending
+    one, however old, and a recent delivered one are kept."""
+    await _alert(conn, ["run.stuck"])
+    for status in ("delivered", "failed", "pending", "recent"):
+        run_id = await _run(conn)
+        await alerts.record_run_stuck(conn, ENV, run_id)
+        await conn.execute(
+            "UPDATE alert_notifications SET status = $2, created_at = now() - $3::interval,"
+            " delivered_at = CASE WHEN $2 = 'delivered' THEN now() END WHERE run_id = $1",
+            run_id,
+            "delivered" if status == "recent" else status,
+            timedelta(days=1 if status == "recent" else 40),
+        )
+    assert await alerts.delete_old(conn, 30) == 2
+    left = await conn.fetch("SELECT status FROM alert_notifications ORDER BY status")
+    assert [r["status"] for r in left] == ["delivered", "pending"]

@@ -1,5 +1,6 @@
 """The alert delivery loop: sends the outbox's due notifications, records each attempt, and
-looks for scheduled runs past their SLA.
+looks for scheduled runs past their SLA; now and then deletes settled notifications older
+than ``STEPLINE_RETENTION_DAYS`` (one batch of a thousand a sweep).
 
 It runs beside the run loop and shares nothing with it but the database pool, which it holds
 only for its short statements: each attempt is sent outside any transaction, in a task of its
@@ -30,6 +31,7 @@ log = structlog.get_logger("stepline.alerts")
 CONCURRENCY = 16
 LEASE_SECONDS = rules.SEND_TIMEOUT_SECONDS + 20.0
 SLA_CHECK_SECONDS = 2.0
+RETENTION_CHECK_SECONDS = 600.0
 
 
 class AlertDelivery:
@@ -43,6 +45,7 @@ class AlertDelivery:
         *,
         poll_seconds: float = 1.0,
         window_seconds: float = rules.DELIVERY_WINDOW_SECONDS,
+        retention_days: float = 30.0,
     ) -> None:
         self.pool = pool
         self.sender = sender
@@ -52,6 +55,8 @@ class AlertDelivery:
         self._sending: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._sla_checked = 0.0
+        self._swept = 0.0
+        self.retention_days = retention_days
 
     def wake(self) -> None:
         """Look for due notifications now (one was just recorded)."""
@@ -87,6 +92,10 @@ class AlertDelivery:
                 found = await alerts.record_sla_breaches(conn)
             if found:
                 log.info("sla_breaches_recorded", count=found)
+        if self.retention_days > 0 and now - self._swept >= RETENTION_CHECK_SECONDS:
+            self._swept = now
+            async with self.pool.acquire() as conn:
+                await alerts.delete_old(conn, max(1, round(self.retention_days)))
         room = CONCURRENCY - len(self._sending)
         if room <= 0:
             return

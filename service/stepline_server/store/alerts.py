@@ -141,3 +141,9 @@ async def deliveries(
     """The alert's notifications, newest first."""
     at, ident = after if after else (None, None)
     return list(await conn.fetch(Q["list_deliveries"], alert_id, at, ident, limit))
+
+
+async def delete_old(conn: Conn, days: int, batch: int = 1000) -> int:
+    """Delete one batch of settled notifications older than ``days``; how many."""
+    status = await conn.execute(Q["delete_old_notifications"], days, batch)
+    return int(status.split()[-1])

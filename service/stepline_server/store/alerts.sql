@@ -149,3 +149,14 @@ SELECT * FROM alert_notifications
 WHERE alert_id = $1 AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT $4;
+
+-- name: delete_old_notifications
+-- Retention: delivered and failed notifications recorded more than $1 days ago, a batch of
+-- at most $2 (those still pending are kept: they are being delivered).
+DELETE FROM alert_notifications WHERE id IN (
+    SELECT id FROM alert_notifications
+    WHERE status <> 'pending' AND created_at < now() - make_interval(days => $1::integer)
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);

@@ -356,3 +356,4 @@ CREATE UNIQUE INDEX alert_notifications_once ON alert_notifications (alert_id, r
     WHERE run_id IS NOT NULL;
 CREATE INDEX alert_notifications_due ON alert_notifications (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX alert_notifications_alert ON alert_notifications (alert_id, created_at DESC, id DESC);
+CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHERE status <> 'pending';
