@@ -1,16 +1,13 @@
-"""The alerts page (admin keys): each alert with its recent deliveries; make one, send a test
-notification, delete one."""
+"""The alerts page (admin keys): each alert with its recent deliveries; send a test
+notification, delete one. Alerts are made with the API or ``stepline alerts create``."""
 
 from __future__ import annotations
 
 import uuid
 
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from stepline_server import alerts_json
-from stepline_server.api.routes_alerts import AlertCreate
-from stepline_server.engine import alerts as rules
 from stepline_server.store import alerts
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
@@ -37,7 +34,7 @@ async def alerts_page(r: Req) -> Response:
             shown.append(
                 {**alerts_json.alert(row), "deliveries": [alerts_json.delivery(d) for d in recent]}
             )
-    return r.page("alerts.html", title="Alerts", alerts=shown, types=rules.SUBSCRIBABLE)
+    return r.page("alerts.html", title="Alerts", alerts=shown)
 
 
 def _alert_id(r: Req) -> uuid.UUID | None:
@@ -45,43 +42,6 @@ def _alert_id(r: Req) -> uuid.UUID | None:
         return uuid.UUID(r.request.path_params["alertId"])
     except ValueError:
         return None
-
-
-async def create_alert(r: Req) -> Response:
-    """Make an alert from the form; a webhook's secret is shown once, on the next page."""
-    if (refused := _refused(r)) is not None:
-        return refused
-    fields = r.form
-    types = [t for t in rules.SUBSCRIBABLE if fields.get(f"on.{t}")]
-    data = {
-        "name": fields.get("name", "").strip(),
-        "on": types,
-        "workflow": fields.get("workflow", "").strip() or None,
-        "destination": {"type": fields.get("type", ""), "url": fields.get("url", "").strip()},
-    }
-    try:
-        body = AlertCreate.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        return r.back(PAGE, f"Not made: {where}: {error['msg']}")
-    refusal = await r.orch.alert_sender.resolver.refusal(body.destination.url)
-    if refusal is not None:
-        return r.back(PAGE, f"Not made: destination.url: {refusal}")
-    async with r.orch.pool.acquire() as conn:
-        row = await alerts.create(
-            conn,
-            r.pid,
-            body.name,
-            list(dict.fromkeys(body.on)),
-            body.workflow,
-            body.destination.type,
-            body.destination.url,
-        )
-    made = f"Alert {row['name']} made."
-    if row["destination_type"] == "webhook":
-        made += f" Its signing secret, shown once: {row['secret']}"
-    return r.back(PAGE, made)
 
 
 async def test_alert(r: Req) -> Response:
