@@ -29,6 +29,9 @@ from stepline_server.store.db import Pool, Record
 log = structlog.get_logger("stepline.alerts")
 
 CONCURRENCY = 16
+DB_CONNECTIONS = 2
+"""The most pool connections the attempts' records take at once, so a burst of answers never
+takes the run loop's connections."""
 LEASE_SECONDS = rules.SEND_TIMEOUT_SECONDS + 20.0
 SLA_CHECK_SECONDS = 2.0
 RETENTION_CHECK_SECONDS = 600.0
@@ -54,6 +57,7 @@ class AlertDelivery:
         self.window_seconds = window_seconds
         self._sending: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._db = asyncio.Semaphore(DB_CONNECTIONS)
         self._sla_checked = 0.0
         self._swept = 0.0
         self.retention_days = retention_days
@@ -120,7 +124,7 @@ class AlertDelivery:
             sent.delivered, attempts, n["created_at"], now, self.window_seconds
         )
         try:
-            async with self.pool.acquire() as conn:
+            async with self._db, self.pool.acquire() as conn:
                 await alerts.record_attempt(
                     conn,
                     n["id"],
