@@ -424,3 +424,18 @@ async def test_every_alert_route_needs_an_admin_key(env: Env) -> None:
                 assert answer.json()["error"]["code"] == "forbidden"
     assert await env.client.get_alert(aid) == made
     assert (await env.client.list_alert_deliveries(aid))["deliveries"] == []
+
+
+async def test_a_notification_never_answered_with_2xx_fails_after_the_window(env: Env) -> None:
+    """A receiver that always answers 503: the notification is tried with backoff until its
+    delivery window (shortened here from a day) is spent, then it is failed, each attempt
+    counted and the last answer told."""
+    env.stack.orchestrator.alerts.window_seconds = 2.5
+    async with Receiver(answers=[503] * 100).running() as rx:
+        alert = await env.alert(rx.url, ["run.failed"])
+        await env.client.test_alert(alert["id"])
+        [d] = await env.deliveries(alert["id"], lambda ds: ds[0]["status"] != "pending")
+    assert d["status"] == "failed" and d["deliveredAt"] is None
+    assert d["attempts"] == len(rx.received) >= 2
+    assert d["lastHttpStatus"] == 503 and d["lastError"] == "the receiver answered HTTP 503"
+    assert len({r.json["id"] for r in rx.received}) == 1
