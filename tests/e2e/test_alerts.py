@@ -439,3 +439,27 @@ async def test_a_notification_never_answered_with_2xx_fails_after_the_window(env
     assert d["attempts"] == len(rx.received) >= 2
     assert d["lastHttpStatus"] == 503 and d["lastError"] == "the receiver answered HTTP 503"
     assert len({r.json["id"] for r in rx.received}) == 1
+
+
+async def test_alerts_and_deliveries_are_paginated(env: Env) -> None:
+    """Lists of alerts (oldest first) and of deliveries (newest first) come in pages that
+    follow nextCursor to the end; a cursor the API did not give is a 422."""
+    c = env.client
+    made = [
+        await c.create_alert(
+            f"a{i}", ["run.failed"], {"type": "slack", "url": "http://127.0.0.1:9/"}
+        )
+        for i in range(3)
+    ]
+    first = await c.list_alerts(limit=2)
+    rest = await c.list_alerts(limit=2, cursor=first["nextCursor"])
+    assert [a["id"] for a in first["alerts"] + rest["alerts"]] == [a["id"] for a in made]
+    assert rest["nextCursor"] is None
+    tests = [(await c.test_alert(made[0]["id"]))["id"] for _ in range(3)]
+    page = await c.list_alert_deliveries(made[0]["id"], limit=2)
+    more = await c.list_alert_deliveries(made[0]["id"], limit=2, cursor=page["nextCursor"])
+    seen = [d["id"] for d in page["deliveries"] + more["deliveries"]]
+    assert sorted(seen) == sorted(tests) and len(seen) == 3 and more["nextCursor"] is None
+    with pytest.raises(stepline.ApiError) as bad:
+        await c.list_alert_deliveries(made[0]["id"], cursor="bm90IGEgY3Vyc29y")
+    assert bad.value.status == 422
