@@ -1,9 +1,10 @@
 """Schemathesis hooks for the fuzz test: no generated app URL can name a host to resolve.
 
-Every ``url`` a request body carries is kept only when it cannot make the orchestrator look a
-name up or connect anywhere but loopback (not a string, no ``://``, or an address literal);
-otherwise it is replaced by ``http://127.0.0.1:9/fuzz`` (the discard port, where nothing
-answers). The orchestrator under test also lists only 127.0.0.1/32 in STEPLINE_APP_NETWORKS.
+Every ``url`` a request body carries (an app's, or an alert's ``destination.url``) is kept
+only when it cannot make the orchestrator look a name up or connect anywhere but loopback (not
+a string, no ``://``, or an address literal); otherwise it is replaced by
+``http://127.0.0.1:9/fuzz`` (the discard port, where nothing answers). The orchestrator under
+test also lists only 127.0.0.1/32 in STEPLINE_APP_NETWORKS.
 A pull app's poll is made not to wait (a long poll would outlast the request timeout).
 """
 
@@ -36,6 +37,9 @@ def safe_url(value: Any) -> Any:
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     if isinstance(case.body, dict) and "url" in case.body:
         case.body["url"] = safe_url(case.body["url"])
+    destination = case.body.get("destination") if isinstance(case.body, dict) else None
+    if isinstance(destination, dict) and "url" in destination:  # an alert's
+        destination["url"] = safe_url(destination["url"])
     if str(case.path).endswith("/poll") and isinstance(case.query, dict) and "wait" in case.query:
         case.query["wait"] = "0s"  # a pull app's poll answers at once, not after its wait
 

@@ -16,6 +16,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
+from stepline._webhooks import verify_webhook
 from stepline._worker import Worker
 from stepline._workflow import Concurrency, RateLimit, Retries, Stepline, __version__
 
@@ -41,4 +42,5 @@ __all__ = [
     "__version__",
     "parse_duration",
     "protocol",
+    "verify_webhook",
 ]

@@ -452,6 +452,51 @@ class _Api(Generic[_D, _N, _I]):
         """Stop a bulk operation; what it did stays done."""
         return self._json(_Request("POST", _path("operations", operation_id, "cancel")))
 
+    # alerts (admin keys)
+
+    def create_alert(
+        self,
+        name: str,
+        on: list[str],
+        destination: Mapping[str, str],
+        *,
+        workflow: str | None = None,
+    ) -> _D:
+        """An alert sending ``on``'s types (``run.failed``, …) to ``destination``
+        (``{"type": "webhook" | "slack", "url": …}``); a webhook's answer carries its
+        ``secret``, shown only once."""
+        body = {"name": name, "on": on, "destination": dict(destination)}
+        body.update(_compact(workflow=workflow))
+        return self._json(_Request("POST", _path("alerts"), body=body))
+
+    def list_alerts(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
+        """One page of alerts: ``{"alerts": [...], "nextCursor": ...}``."""
+        return self._json(_Request("GET", _path("alerts"), _params(limit=limit, cursor=cursor)))
+
+    def get_alert(self, alert_id: str) -> _D:
+        """One alert."""
+        return self._json(_Request("GET", _path("alerts", alert_id)))
+
+    def update_alert(self, alert_id: str, **changes: Any) -> _D:
+        """Change an alert (``name``, ``on``, ``workflow``, ``destination``)."""
+        body = {_camel(k): v for k, v in changes.items()}
+        return self._json(_Request("PATCH", _path("alerts", alert_id), body=body))
+
+    def delete_alert(self, alert_id: str) -> _N:
+        """Remove an alert and its deliveries."""
+        return self._none(_Request("DELETE", _path("alerts", alert_id)))
+
+    def test_alert(self, alert_id: str) -> _D:
+        """Send an ``alert.test`` notification now; answers its delivery (pending)."""
+        return self._json(_Request("POST", _path("alerts", alert_id, "test")))
+
+    def list_alert_deliveries(
+        self, alert_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> _D:
+        """One page of an alert's notifications, newest first, with how each was delivered."""
+        params = _params(limit=limit, cursor=cursor)
+        return self._json(_Request("GET", _path("alerts", alert_id, "deliveries"), params))
+
 
 def _http_options(base_url: str, timeout: float, headers: Mapping[str, str] | None) -> JSON:
     headers = {"User-Agent": "stepline-python", **(headers or {})}

@@ -14,9 +14,11 @@ from stepline.protocol import DescribeResponse, ScheduleSpec
 from stepline_server import tracing
 from stepline_server.engine import schedules as schedule_rules
 from stepline_server.engine.egress import Egress
+from stepline_server.invoke.alerts import AlertSender
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
 from stepline_server.loops import listener, repair, sweeper
+from stepline_server.loops.alerts import AlertDelivery
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
 from stepline_server.loops.operations import OperationsLoop
@@ -57,6 +59,8 @@ class Orchestrator:
         self.pull: PullInvocations
         self.scheduler: Scheduler
         self.operations: OperationsLoop
+        self.alert_sender: AlertSender
+        self.alerts: AlertDelivery
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
         self.metrics = Metrics()
@@ -90,6 +94,14 @@ class Orchestrator:
             self.metrics,
         )
         self.pull = PullInvocations(self.pool, self.dispatcher)
+        self.alert_sender = AlertSender(Egress.of(self.settings.app_networks))
+        self.alerts = AlertDelivery(
+            self.pool,
+            self.alert_sender,
+            self.settings.base_url,
+            poll_seconds=min(self.settings.poll_seconds, 1.0),
+            retention_days=self.settings.retention_days,
+        )
         self.scheduler = Scheduler(
             self.pool, self.settings, on_started=self.dispatcher.wake, metrics=self.metrics
         )
@@ -105,6 +117,7 @@ class Orchestrator:
             self.supervisor.add("dispatcher", self.dispatcher.run)
             self.supervisor.add("scheduler", self.scheduler.run)
             self.supervisor.add("heartbeat", self.dispatcher.heartbeat)
+            self.supervisor.add("alerts", self.alerts.run)
             self.supervisor.add("metrics", self._sample_forever)
             self.supervisor.add(
                 "sweeper", lambda: sweeper.sweep(self.pool, self.settings.retention_days)
@@ -151,6 +164,7 @@ class Orchestrator:
     async def stop(self) -> None:
         await self.supervisor.stop()
         await self.caller.aclose()
+        await self.alert_sender.aclose()
         await self.pool.close()
 
 

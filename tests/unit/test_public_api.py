@@ -11,7 +11,7 @@ EXPECTED = {
     "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "RateLimit",
     "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "Worker",
-    "__version__", "parse_duration", "protocol",
+    "__version__", "parse_duration", "protocol", "verify_webhook",
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
+from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_operations as operations
@@ -86,6 +87,13 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/schedules/{scheduleId}/pause", schedules.pause_schedule, methods=["POST"]),
     Route("/v1/schedules/{scheduleId}/resume", schedules.resume_schedule, methods=["POST"]),
     Route("/v1/schedules/{scheduleId}/trigger", schedules.trigger_schedule, methods=["POST"]),
+    Route("/v1/alerts", alerts.create_alert, methods=["POST"]),
+    Route("/v1/alerts", alerts.list_alerts, methods=["GET"]),
+    Route("/v1/alerts/{alertId}", alerts.get_alert, methods=["GET"]),
+    Route("/v1/alerts/{alertId}", alerts.update_alert, methods=["PATCH"]),
+    Route("/v1/alerts/{alertId}", alerts.delete_alert, methods=["DELETE"]),
+    Route("/v1/alerts/{alertId}/test", alerts.test_alert, methods=["POST"]),
+    Route("/v1/alerts/{alertId}/deliveries", alerts.list_deliveries, methods=["GET"]),
     Route("/v1/projects", tenancy.list_projects, methods=["GET"]),
     Route("/v1/environments", tenancy.list_environments, methods=["GET"]),
     Route("/v1/environments", tenancy.create_environment, methods=["POST"]),

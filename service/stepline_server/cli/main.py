@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from stepline import _replaycheck
 from stepline_server import logs, multiproc
-from stepline_server.cli import operate, tenancy
+from stepline_server.cli import alerts, operate, tenancy
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
@@ -112,6 +112,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations and exit")
     tenancy.add_commands(sub)
     operate.add_commands(sub)
+    alerts.add_commands(sub)
     check = sub.add_parser("replay-check", help=_replaycheck.HELP, description=_replaycheck.HELP)
     _replaycheck.add_arguments(check)
     check.set_defaults(sdk_command=_replaycheck.run)

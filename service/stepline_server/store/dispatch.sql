@@ -488,6 +488,24 @@ history AS (
     INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
     SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.data
     FROM r JOIN evs ON evs.run_id = r.id
+),
+alerted AS (
+    -- Alerts (alerts.sql): a run ending failed or timedOut records, in this statement, one
+    -- notification per alert listening for it (run.failed, run.timedOut, and app.unreachable
+    -- for a failure with code app_unreachable), at most one per alert, run and type.
+    INSERT INTO alert_notifications (id, project_id, alert_id, type, run_id, data)
+    SELECT gen_random_uuid(), r.project_id, a.id, t.type, r.id,
+           jsonb_build_object('workflow', w.workflow, 'status', q.status, 'error', q.error)
+    FROM r
+    JOIN q ON q.id = r.id
+    JOIN runs w ON w.id = r.id
+    CROSS JOIN LATERAL (VALUES
+        (CASE q.status WHEN 'failed' THEN 'run.failed' WHEN 'timedOut' THEN 'run.timedOut' END),
+        (CASE WHEN q.status = 'failed' AND q.error ->> 'code' = 'app_unreachable'
+              THEN 'app.unreachable' END)) AS t (type)
+    JOIN alerts a ON a.project_id = r.project_id AND t.type = ANY (a.types)
+                 AND (a.workflow IS NULL OR a.workflow = w.workflow)
+    ON CONFLICT DO NOTHING
 )
 SELECT r.id, r.project_id, r.parent_run_id, r.parent_step, r.schedule_id, r.status,
        EXISTS (SELECT 1 FROM runs c

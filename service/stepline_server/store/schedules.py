@@ -18,7 +18,7 @@ from typing import Any
 from stepline_server.engine import ids
 from stepline_server.engine import schedules as rules
 from stepline_server.engine.runs import RunStatus
-from stepline_server.store import apps, runs
+from stepline_server.store import alerts, apps, runs
 from stepline_server.store.db import Conn, Q, Record
 
 # Why a tick did not start a run (schedule_ticks.reason), or why it started late.
@@ -262,6 +262,8 @@ async def on_run_ended(conn: Conn, row: Record) -> None:
         )
         sched = await conn.fetchrow(Q["schedule_run_ended"], sched["id"], delta, disable)
         assert sched is not None
+        if disable:
+            await alerts.record_schedule_disabled(conn, sched["id"], row["id"])
         await _start_buffered(conn, sched)
 
 

@@ -12,6 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepline_server.ui import pages_admin as admin
+from stepline_server.ui import pages_alerts as alerts
 from stepline_server.ui import pages_bulk as bulk
 from stepline_server.ui import pages_runs as runs
 from stepline_server.ui.web import Shared, endpoint
@@ -101,6 +102,9 @@ def dashboard(state: State) -> ASGIApp:
         Route("/keys", endpoint(s, admin.keys_page)),
         Route("/keys", endpoint(s, admin.create_key, **w), methods=["POST"]),
         Route("/keys/{keyId}/revoke", endpoint(s, admin.revoke_key, **w), methods=["POST"]),
+        Route("/alerts", endpoint(s, alerts.alerts_page)),
+        Route("/alerts/{alertId}/test", endpoint(s, alerts.test_alert, **w), methods=["POST"]),
+        Route("/alerts/{alertId}/delete", endpoint(s, alerts.delete_alert, **w), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC)),
     ]
     return SecurityHeaders(Starlette(routes=routes))
