@@ -82,6 +82,9 @@ def main(argv: list[str]) -> int:
         print("stepline worker: --concurrency must be at least 1", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # One line per poll would drown what matters: httpx's request lines only when they warn.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     sl = load(a.target)
     worker = Worker(
         sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain

@@ -14,7 +14,7 @@
 -- and always wakes every orchestrator (their workers' polls claim it).
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.url, a.signing_secrets,
-           a.kind = 'pull' AS pull, gen_random_uuid() AS invocation_id,
+           a.deployment_id, a.kind = 'pull' AS pull, gen_random_uuid() AS invocation_id,
            $13::text IS NOT NULL AND w.options ->> 'concurrency' IS NULL
                AND w.options -> 'rateLimit' IS NULL AND a.kind = 'push' AS leased
     FROM workflows w JOIN apps a ON a.id = w.app_id
@@ -56,12 +56,14 @@ r AS (
     ON CONFLICT DO NOTHING
     RETURNING *
 ),
+-- The invocation begun with the run expects the deployment the app last answered or synced with.
 e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
-    SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
+    INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, deployment_id, data)
+    SELECT id, 1, project_id, 'run.started', NULL, NULL, $11::jsonb FROM r
     UNION ALL
-    SELECT id, 2, project_id, 'invocation.started', invocation_id, '{"attempt": 1}'::jsonb
-    FROM r WHERE lease_token IS NOT NULL
+    SELECT r.id, 2, r.project_id, 'invocation.started', r.invocation_id, w.deployment_id,
+           '{"attempt": 1}'::jsonb
+    FROM r, w WHERE r.lease_token IS NOT NULL
 )
 SELECT r.*, w.slug AS app_slug, w.url AS app_url, w.signing_secrets AS app_secrets,
        coalesce(r.deadline_at <= now(), false) AS past_deadline,
@@ -200,11 +202,12 @@ SELECT 1;
 
 -- name: run_invocations
 -- The invocations of run $1 (project $2) begun after history seq $3, in order, each with how
--- it ended (from its invocation.ended event; none yet while it runs), at most $4.
+-- it ended (from its invocation.ended event; none yet while it runs) and what was sent, at most
+-- $4.
 SELECT s.seq, s.invocation_id AS id, coalesce((s.data ->> 'attempt')::integer, 1) AS attempt,
        s.at AS started_at, e.at AS ended_at, e.duration_ms, e.data ->> 'outcome' AS outcome,
        e.http_status, coalesce(e.deployment_id, s.deployment_id) AS deployment_id,
-       e.data ->> 'error' AS error
+       e.data ->> 'error' AS error, e.data ->> 'request' AS request
 FROM run_events s
 LEFT JOIN LATERAL (
     SELECT x.* FROM run_events x
