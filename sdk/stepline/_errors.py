@@ -22,6 +22,7 @@ Every exception carries its data as attributes, so code that catches one can act
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import traceback
 from typing import Any
@@ -29,10 +30,11 @@ from typing import Any
 from stepline import protocol
 
 # Frames of these folders are the machinery around a user's code (the SDK's engine, asyncio's
-# task steps): a recorded traceback leaves them out so that it begins at the user's frames.
+# task steps, the thread of a sync step): a recorded traceback leaves them out so that it begins at the user's frames.
 _HIDDEN_FOLDERS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(concurrent.futures.__file__)) + os.sep,  # a sync step's thread
 )
 
 

@@ -33,7 +33,7 @@ async def test_a_failed_step_and_its_run_have_a_code_and_the_users_frames() -> N
     tb = step_error.traceback or ""
     assert tb.startswith("Traceback (most recent call last):\n")
     assert "test_error_objects.py" in tb and "_charge" in tb
-    assert "stepline/_engine.py" not in tb and "asyncio" not in tb
+    assert "stepline/_engine.py" not in tb and "asyncio" not in tb and "concurrent" not in tb
     assert tb.endswith("ValueError: card declined\n")
     assert result.error is not None and result.error.code == "step_failed"
 

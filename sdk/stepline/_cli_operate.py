@@ -1,0 +1,516 @@
+"""The operator commands: runs, callbacks, events, apps, workflows and schedules of any
+orchestrator.
+
+Each talks to the REST API with :class:`Client`, so it needs nothing but a URL and an
+API key (and the SDK: no server extra). Tables by default, ``--json`` for scripts; exit 0 on
+success, 1 on an API error (its message printed), 2 on bad usage; ``runs start --wait`` and
+``runs wait`` exit with :data:`EXIT` for how the run ended (0 only when it completed) and
+:data:`GAVE_UP` when they stopped waiting first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import httpx
+
+from stepline import _cli_output as output
+from stepline._client import ApiError, Client
+
+ENDED = frozenset({"completed", "failed", "cancelled", "timedOut"})
+FOLLOW_POLL_SECONDS = 0.5
+DEFAULT_URL = "http://127.0.0.1:8400"
+
+EXIT = {"completed": 0, "failed": 3, "timedOut": 4, "cancelled": 5}
+"""The exit status of ``runs start --wait`` and ``runs wait`` by how the run ended."""
+GAVE_UP = 6
+"""The exit status when the wait was over (``--timeout``) before the run ended."""
+
+Command = Callable[[Client, argparse.Namespace, TextIO, TextIO], int | None]
+
+
+class UsageError(Exception):
+    """The command line is wrong in a way argparse cannot see (bad JSON, no key): exit 2."""
+
+
+def _json_arg(raw: str | None, flag: str) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag} must be JSON ({exc.msg}), e.g. {flag} '{{\"a\": 1}}'") from None
+
+
+# runs
+
+
+def runs_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    filters = {
+        k: v
+        for k, v in (("workflow", a.workflow), ("status", a.status), ("run_key", a.run_key))
+        if v is not None
+    }
+    page = c.list_runs(limit=a.limit, **filters)
+    if a.json:
+        return output.as_json(page, out)
+    rows = [
+        (
+            r["id"],
+            r["workflow"],
+            r["status"],
+            r.get("runKey"),
+            output.when(r["createdAt"]),
+            output.took(r["createdAt"], r.get("endedAt")),
+        )
+        for r in page["runs"]
+    ]
+    output.table(["ID", "WORKFLOW", "STATUS", "RUN KEY", "CREATED", "TOOK"], rows, out)
+    if page.get("nextCursor"):
+        out.write(f"(more: raise --limit, at most 500; showing {len(rows)})\n")
+
+
+def runs_show(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    run = c.get_run(a.id)
+    if a.json:
+        return output.as_json(run, out)
+    out.write("\n".join(output.run_lines(run, _last_failure(c, run))) + "\n")
+
+
+def _last_failure(c: Client, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's last invocation that could not be delivered, when it had any."""
+    if not run.get("deliveryFailures"):
+        return None
+    failed = [i for i in c.iter_run_invocations(run["id"]) if i["outcome"] == "delivery_failed"]
+    return failed[-1] if failed else None
+
+
+def runs_events(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    if not a.follow:
+        events = list(c.iter_run_events(a.id))
+        if a.json:
+            return output.as_json({"events": events}, out)
+        for e in events:
+            out.write(output.event_line(e) + "\n")
+        return
+    after = 0
+    while True:
+        # Read the status before the events: an end seen here is in the events read next.
+        status = c.get_run(a.id)["status"]
+        for e in c.iter_run_events(a.id, after=after):
+            after = e["seq"]
+            out.write((json.dumps(e) if a.json else output.event_line(e)) + "\n")
+            out.flush()
+        if status in ENDED:
+            return
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def runs_logs(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    if not a.follow:
+        page = c.list_run_logs(a.id, limit=500)
+        lines = page["logs"]
+        while page.get("nextCursor"):
+            page = c.list_run_logs(a.id, cursor=page["nextCursor"], limit=500)
+            lines += page["logs"]
+        if a.json:
+            return output.as_json({"logs": lines, "logsDropped": page["logsDropped"]}, out)
+        for line in lines:
+            out.write(output.log_line(line) + "\n")
+        if page["logsDropped"]:
+            err.write(f"({page['logsDropped']} newer lines were dropped past the run's cap)\n")
+        return
+    after, dropped = 0, 0
+    while True:
+        # Read the status before the lines: an end seen here has its lines in those read next.
+        status = c.get_run(a.id)["status"]
+        for line in c.iter_run_logs(a.id, after=after):
+            after = line["seq"]
+            out.write((json.dumps(line) if a.json else output.log_line(line)) + "\n")
+            out.flush()
+        if status in ENDED:
+            dropped = c.list_run_logs(a.id, after=after, limit=1)["logsDropped"]
+            if dropped:
+                err.write(f"({dropped} newer lines were dropped past the run's cap)\n")
+            return
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _progress(run: dict[str, Any]) -> str:
+    steps = run.get("steps") or []
+    done = sum(1 for s in steps if s["status"] == "completed")
+    current = next((s for s in reversed(steps) if s["status"] != "completed"), None)
+    now = f", {current['name']} {current['status']}" if current else ""
+    return f"{run['status']}, {done}/{len(steps)} steps completed{now}"
+
+
+def runs_start(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    run = c.start_run(
+        a.workflow, _json_arg(a.input, "--input"), run_key=a.run_key, priority=a.priority
+    )
+    if not a.wait:
+        if a.json:
+            output.as_json(run, out)
+        else:
+            out.write("\n".join(output.run_lines(run)) + "\n")
+        return 0
+    err.write(f"run {run['id']} started; waiting for it to end (Ctrl-C stops waiting)\n")
+    return _wait_and_show(c, run, a, out, err)
+
+
+def runs_wait(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    run = c.get_run(a.id)
+    if run["status"] not in ENDED:
+        err.write(f"waiting for run {run['id']} to end (Ctrl-C stops waiting)\n")
+    return _wait_and_show(c, run, a, out, err)
+
+
+def _wait_and_show(
+    c: Client, run: dict[str, Any], a: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """Wait for ``run`` to end (at most ``--timeout`` seconds), printing its progress; print
+    it; answer the exit status its end means (:data:`EXIT`, or :data:`GAVE_UP`)."""
+    shown = ""
+    deadline = None if a.timeout is None else time.monotonic() + a.timeout
+    gave_up = False
+    while run["status"] not in ENDED:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            gave_up = True
+            break
+        run = c.wait_run(run["id"], timeout=2 if left is None else max(0.1, min(2.0, left)))
+        line = _progress(run)
+        if line != shown:
+            err.write(f"  {line}\n")
+            err.flush()
+            shown = line
+    if a.json:
+        output.as_json(run, out)
+    else:
+        out.write("\n".join(output.run_lines(run, _last_failure(c, run))) + "\n")
+    if gave_up:
+        err.write(f"gave up waiting after {a.timeout:g}s; the run goes on ({run['status']})\n")
+        return GAVE_UP
+    code = EXIT[run["status"]]
+    if code:
+        err.write(f"run {run['id']} {run['status']} (exit {code})\n")
+    return code
+
+
+def runs_cancel(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    run = c.cancel_run(a.id)
+    if a.json:
+        return output.as_json(run, out)
+    out.write(f"run {run['id']}: {run['status']}\n")
+
+
+def runs_retry(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    run = c.retry_run(a.id, from_step=a.from_step)
+    if a.json:
+        return output.as_json(run, out)
+    where = f" from step {a.from_step!r}" if a.from_step else ""
+    out.write(f"run {run['id']}: {run['status']} (retried{where})\n")
+
+
+# callbacks and events
+
+
+def callbacks_complete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    done = c.complete_callback(a.id, _json_arg(a.data, "--data"))
+    if a.json:
+        return output.as_json(done, out)
+    out.write(f"callback {done['id']} of run {done['runId']}: {done['status']}\n")
+
+
+def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    sent = c.send_event(a.name, _json_arg(a.data, "--data"))
+    if a.json:
+        return output.as_json(sent, out)
+    started = sent.get("startedRuns") or []
+    again = (
+        " (a second send of this id: nothing was done again)" if sent.get("deduplicated") else ""
+    )
+    out.write(
+        f"event {sent['id']} ({sent['name']}) sent{again}: {sent['matchedRuns']} waiting run(s)"
+        f" resumed, {len(started)} run(s) started\n"
+    )
+    for run_id in started:
+        out.write(f"  started {run_id}\n")
+
+
+# apps
+
+
+def apps_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_apps(limit=a.limit)
+    if a.json:
+        return output.as_json(page, out)
+    rows = [
+        (
+            r["slug"],
+            r["name"],
+            r.get("kind", "push"),
+            r["url"] if r["url"] is not None else "-",
+            r.get("deploymentId"),
+            output.when(r.get("syncedAt")),
+            output.when(r.get("lastPolledAt")),
+        )
+        for r in page["apps"]
+    ]
+    headers = ["SLUG", "NAME", "KIND", "URL", "DEPLOYMENT", "SYNCED", "POLLED"]
+    output.table(headers, rows, out)
+
+
+def apps_register(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    if a.pull == (a.app_url is not None):
+        raise UsageError("apps register: give the app's URL, or --pull (and no URL)")
+    app = c.create_app(a.name, a.app_url, kind="pull" if a.pull else "push")
+    if a.json:
+        return output.as_json(app, out)
+    if a.pull:
+        # A pull app's invocations come back over its workers' polls: no secret to keep.
+        out.write(f"pull app {app['slug']} ({app['name']}) registered\n\n")
+        out.write("Next: on a machine with the app's code, run its worker (it syncs the app):\n")
+        out.write(f"  stepline worker MODULE:ATTR --app {app['slug']}\n")
+        out.write("with STEPLINE_URL and STEPLINE_API_KEY (a write key) set.\n")
+        return None
+    out.write(f"app {app['slug']} ({app['name']}) registered at {app['url']}\n")
+    out.write(f"signing secret (shown once): {app['signingSecret']}\n\n")
+    out.write("Next: give the app this secret as STEPLINE_SIGNING_SECRET, restart it, then\n")
+    out.write(f"  stepline apps sync {app['slug']}\n")
+
+
+def apps_sync(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    done = c.sync_app(a.app)
+    if a.json:
+        return output.as_json(done, out)
+    app = done["app"]
+    out.write(f"app {app['slug']} synced (deployment {app.get('deploymentId') or '-'}):\n")
+    output.table(
+        ["WORKFLOW", "OPTIONS"], [(w["name"], w["options"]) for w in done["workflows"]], out
+    )
+
+
+def apps_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    app = c.get_app(a.app)  # by id, slug or name; says which app it was
+    if not a.yes and sys.stdin.isatty():
+        err.write(f"delete app {app['slug']} ({app['name']})? [y/N] ")
+        err.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            err.write("not deleted\n")
+            return 1
+    c.delete_app(app["slug"])
+    if a.json:
+        output.as_json({"deleted": app["slug"], "name": app["name"]}, out)
+    else:
+        out.write(f"app {app['slug']} ({app['name']}) deleted\n")
+    return 0
+
+
+def workflows_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_workflows(limit=a.limit)
+    if a.json:
+        return output.as_json(page, out)
+    rows = [(w["name"], w["app"], w.get("version"), w["options"]) for w in page["workflows"]]
+    output.table(["WORKFLOW", "APP", "VERSION", "OPTIONS"], rows, out)
+
+
+# schedules
+
+
+def schedule_id(c: Client, ref: str) -> str:
+    """The id of the schedule ``ref`` names: its id (``wfs_…``), or the workflow of its only
+    schedule."""
+    if ref.startswith("wfs_"):
+        return ref
+    found = [s["id"] for s in c.iter_schedules() if s["workflow"] == ref]
+    if len(found) > 1:
+        raise UsageError(
+            f"workflow {ref!r} has {len(found)} schedules ({', '.join(found)}): give an id"
+        )
+    return found[0] if found else ref
+
+
+def schedules_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_schedules(limit=a.limit)
+    if a.json:
+        return output.as_json(page, out)
+    rows = [
+        (
+            s["id"],
+            s["workflow"],
+            s["cron"],
+            s["timezone"],
+            s["status"],
+            output.when(s.get("nextFireAt")),
+            output.when(s.get("lastFireAt")),
+            output.duration(s["slaMs"] / 1000) if s.get("slaMs") else None,
+        )
+        for s in page["schedules"]
+    ]
+    headers = ["ID", "WORKFLOW", "CRON", "TIMEZONE", "STATUS", "NEXT", "LAST", "SLA"]
+    output.table(headers, rows, out)
+
+
+def _schedule_change(name: str) -> Command:
+    def command(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+        schedule = getattr(c, f"{name}_schedule")(schedule_id(c, a.id))
+        if a.json:
+            return output.as_json(schedule, out)
+        out.write(f"schedule {schedule['id']}: {schedule['status']}\n")
+
+    return command
+
+
+def schedules_trigger(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    sid = schedule_id(c, a.id)
+    run = c.trigger_schedule(sid)
+    if a.json:
+        return output.as_json(run, out)
+    out.write(f"schedule {sid} triggered run {run['id']} ({run['status']})\n")
+
+
+# the parser
+
+
+def common_arguments() -> argparse.ArgumentParser:
+    """``--url``, ``--api-key`` and ``--json``, shared by every command that talks REST."""
+    url = os.environ.get("STEPLINE_URL") or DEFAULT_URL
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=url, help=f"the orchestrator [STEPLINE_URL, {url}]")
+    common.add_argument(
+        "--api-key",
+        default=os.environ.get("STEPLINE_API_KEY") or None,
+        help="an API key [STEPLINE_API_KEY]",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    return common
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``runs``, ``callbacks``, ``events``, ``apps``, ``workflows`` and ``schedules``."""
+    common = common_arguments()
+
+    def group(name: str, help: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+        p = sub.add_parser(name, help=help)
+        return p.add_subparsers(dest=f"{name}_command", required=True)
+
+    def leaf(
+        g: argparse._SubParsersAction[argparse.ArgumentParser], name: str, fn: Command, help: str
+    ) -> argparse.ArgumentParser:
+        p = g.add_parser(name, help=help, parents=[common])
+        p.set_defaults(operate=fn)
+        return p
+
+    runs = group("runs", "list, inspect, start, cancel and retry runs")
+    p = leaf(runs, "list", runs_list, "search runs, newest first")
+    p.add_argument("--workflow")
+    p.add_argument(
+        "--status", choices=["running", "cancelling", *sorted(ENDED)], help="a run status"
+    )
+    p.add_argument("--run-key")
+    p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
+    p = leaf(runs, "show", runs_show, "a run with its steps and errors (with tracebacks)")
+    p.add_argument("id")
+    p = leaf(runs, "events", runs_events, "a run's history")
+    p.add_argument("id")
+    p.add_argument("--follow", action="store_true", help="print new events until the run ends")
+    p = leaf(runs, "logs", runs_logs, "a run's log lines (ctx.log and logging in steps)")
+    p.add_argument("id")
+    p.add_argument("--follow", action="store_true", help="print new lines until the run ends")
+    p = leaf(runs, "start", runs_start, "start a run")
+    p.add_argument("workflow")
+    p.add_argument("--input", help="the input, as JSON")
+    p.add_argument("--run-key", help="an idempotency key for the run")
+    p.add_argument("--priority", type=int, help="-100 to 100 (default 0): due runs go higher first")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="print the run once it has ended; exit 0 only when it completed (docs/cli.md)",
+    )
+    p.add_argument("--timeout", type=float, help="with --wait: stop waiting after this many s")
+    p = leaf(runs, "wait", runs_wait, "wait for a run to end; exit 0 only when it completed")
+    p.add_argument("id")
+    p.add_argument("--timeout", type=float, help="stop waiting after this many seconds (exit 6)")
+    p = leaf(runs, "cancel", runs_cancel, "request a run's cancellation")
+    p.add_argument("id")
+    p = leaf(runs, "retry", runs_retry, "run a failed, cancelled or timed-out run again")
+    p.add_argument("id")
+    p.add_argument("--from-step", help="run this step and every step after it again")
+
+    callbacks = group("callbacks", "complete waiting callbacks")
+    p = leaf(callbacks, "complete", callbacks_complete, "complete a callback (id or signed URL)")
+    p.add_argument("id")
+    p.add_argument("--data", help="the body the run receives, as JSON")
+
+    events = group("events", "send events")
+    p = leaf(events, "send", events_send, "send an event to the runs waiting for it")
+    p.add_argument("name")
+    p.add_argument("--data", help="the event's data, as JSON")
+
+    apps = group("apps", "apps: list, register, sync, delete")
+    p = leaf(apps, "list", apps_list, "registered apps")
+    p.add_argument("--limit", type=int, default=100)
+    p = leaf(apps, "register", apps_register, "register an app; prints its signing secret")
+    p.add_argument("name")
+    p.add_argument(
+        "app_url", metavar="url", nargs="?", help="where the app's Stepline handler answers"
+    )
+    p.add_argument(
+        "--pull",
+        action="store_true",
+        help="a pull app: no URL, its workers poll for invocations (stepline worker)",
+    )
+    p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
+    p.add_argument("app", help="the app's id, slug or name")
+    p = leaf(apps, "delete", apps_delete, "remove an app (asks first on a terminal)")
+    p.add_argument("app", help="the app's id, slug or name")
+    p.add_argument("--yes", action="store_true", help="do not ask")
+
+    workflows = group("workflows", "registered workflows")
+    p = leaf(workflows, "list", workflows_list, "the workflows apps registered at sync")
+    p.add_argument("--limit", type=int, default=100)
+
+    schedules = group("schedules", "cron schedules: list, pause, resume, trigger")
+    p = leaf(schedules, "list", schedules_list, "schedules")
+    p.add_argument("--limit", type=int, default=100)
+    which = "the schedule's id, or the workflow of its only schedule"
+    for name in ("pause", "resume"):
+        p = leaf(schedules, name, _schedule_change(name), f"{name} a schedule")
+        p.add_argument("id", metavar="SCHEDULE", help=which)
+    p = leaf(schedules, "trigger", schedules_trigger, "start a run of a schedule now")
+    p.add_argument("id", metavar="SCHEDULE", help=which)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the operator command ``args`` names (printing to ``out`` and ``err``, by default
+    stdout and stderr); answer its exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not args.api_key:
+        err.write(
+            "stepline: no API key: pass --api-key or set STEPLINE_API_KEY"
+            " (make one with `stepline keys create`)\n"
+        )
+        return 2
+    try:
+        with Client(args.url, api_key=args.api_key) as client:
+            code = args.operate(client, args, out, err)
+    except UsageError as exc:
+        err.write(f"stepline: {exc}\n")
+        return 2
+    except ApiError as exc:
+        err.write(f"stepline: {exc.code}: {exc.message}\n")
+        return 1
+    except httpx.HTTPError as exc:
+        err.write(f"stepline: cannot reach the orchestrator at {args.url} ({exc})\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
