@@ -30,7 +30,8 @@ from typing import Any
 from stepline import protocol
 
 # Frames of these folders are the machinery around a user's code (the SDK's engine, asyncio's
-# task steps, the thread of a sync step): a recorded traceback leaves them out so that it begins at the user's frames.
+# task steps, the thread of a sync step): a recorded traceback leaves them out, so that it
+# begins at the user's frames.
 _HIDDEN_FOLDERS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
