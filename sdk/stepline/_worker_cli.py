@@ -83,6 +83,14 @@ def main(argv: list[str]) -> int:
     return run(_parser().parse_args(argv))
 
 
+def configure_logging() -> None:
+    """The worker's own lines at INFO on stderr; httpx's request lines only when they warn (one
+    line per poll would drown what matters)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def run(a: argparse.Namespace) -> int:
     """Run the worker the parsed arguments ``a`` describe until SIGINT or SIGTERM."""
     if not a.api_key:
@@ -91,10 +99,7 @@ def run(a: argparse.Namespace) -> int:
     if a.concurrency < 1:
         print("stepline worker: --concurrency must be at least 1", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    # One line per poll would drown what matters: httpx's request lines only when they warn.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging()
     sl = load(a.target)
     worker = Worker(
         sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain
