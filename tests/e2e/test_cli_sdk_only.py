@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -31,9 +32,16 @@ def sdk_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The ``stepline`` script of a virtualenv with this tree's wheel and its SDK
     dependencies only (``pip install stepline``: no server extra)."""
     where = tmp_path_factory.mktemp("sdk-only")
+    # Built from a copy of the sources, so that no build folder of the tree leaks into it.
+    source = where / "source"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for part in ("sdk", "service"):
+        shutil.copytree(ROOT / part, source / part, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     wheels = where / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     env_dir = where / "venv"
