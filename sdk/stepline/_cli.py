@@ -1,21 +1,31 @@
-"""The ``stepline`` command's entry point: the SDK's own commands (``replay-check``, ``worker``)
-with the SDK alone, everything else from the orchestrator's CLI when the server extra is in."""
+"""The ``stepline`` command. Its REST-only commands (``runs``, ``apps``, ``workflows``,
+``schedules``, ``events``, ``callbacks``, ``keys``/``projects``/``environments`` over REST,
+``replay-check``, ``worker``) need the SDK alone; ``serve``, ``dev``, ``migrate`` and the local
+database's ``keys``/``projects``/``environments`` come from the orchestrator's CLI when the
+server extra is installed, and say what to install when it is not."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
-from collections.abc import Callable
-from typing import cast
+from types import ModuleType
+
+from stepline import _cli_alerts, _cli_operate, _cli_tenancy, _replaycheck, _worker_cli
 
 MISSING_EXTRA = (
-    "stepline: the orchestrator's command needs the server extra: pip install 'stepline[server]'"
-    " (`stepline replay-check` and `stepline worker` work without it)"
+    "stepline {command}: needs the orchestrator, which is the server extra:"
+    " pip install 'stepline[server]' (runs, apps, workflows, schedules, events, callbacks,"
+    " replay-check, worker, and keys/projects/environments with --url and --api-key work"
+    " without it)"
 )
 
-# Commands of the SDK itself, by name: the module whose ``main(argv)`` runs each. They need
-# nothing but the SDK's own dependencies.
-SDK_COMMANDS = {"replay-check": "stepline._replaycheck", "worker": "stepline._worker_cli"}
+# The orchestrator's own commands: what each does, shown in --help with or without it.
+SERVER_COMMANDS = {
+    "serve": "run the orchestrator (applies migrations on start)",
+    "dev": "embedded PostgreSQL + orchestrator + the example app, with a demo run",
+    "migrate": "apply database migrations and exit",
+}
 
 # Top-level modules of the orchestrator and of the server extra's dependencies.
 _SERVER_MODULES = frozenset(
@@ -36,19 +46,66 @@ _SERVER_MODULES = frozenset(
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run an SDK command, or the orchestrator's; exit 2 with a hint when the server extra is
-    missing."""
-    args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in SDK_COMMANDS:
-        command = importlib.import_module(SDK_COMMANDS[args[0]])
-        return cast(Callable[[list[str]], int], command.main)(args[1:])
+def server_cli() -> ModuleType | None:
+    """The orchestrator's CLI module, or None without the server extra."""
     try:
         # Imported by name, at call time: the SDK itself never depends on the orchestrator.
-        cli = importlib.import_module("stepline_server.cli.main")
+        return importlib.import_module("stepline_server.cli.main")
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in _SERVER_MODULES:
             raise
-        print(MISSING_EXTRA, file=sys.stderr)
+        return None
+
+
+def parser(server: ModuleType | None) -> argparse.ArgumentParser:
+    """Every command; ``server``: the orchestrator's CLI module, which adds ``serve``, ``dev``
+    and ``migrate`` (without it they are listed, and say what to install)."""
+    p = argparse.ArgumentParser(
+        prog="stepline",
+        description="Stepline: durable workflows for Python web apps, on PostgreSQL.",
+        epilog="Environment: STEPLINE_URL and STEPLINE_API_KEY (the REST commands); "
+        "DATABASE_URL (unset: embedded PostgreSQL in STEPLINE_DATA_DIR), STEPLINE_HOST, "
+        "STEPLINE_PORT, STEPLINE_WORKERS, STEPLINE_DATA_DIR, STEPLINE_LOG_LEVEL, "
+        "STEPLINE_PUBLIC_URL (the orchestrator). Exit status: docs/cli.md.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if server is not None:
+        server.add_server_commands(sub)
+    else:
+        for name, help in SERVER_COMMANDS.items():
+            missing = sub.add_parser(name, help=f"{help} (needs the server extra)", add_help=False)
+            missing.add_argument("rest", nargs=argparse.REMAINDER)
+            missing.set_defaults(missing_extra=True)
+    _cli_tenancy.add_commands(sub)
+    _cli_operate.add_commands(sub)
+    _cli_alerts.add_commands(sub)
+    check = sub.add_parser("replay-check", help=_replaycheck.HELP, description=_replaycheck.HELP)
+    _replaycheck.add_arguments(check)
+    check.set_defaults(sdk_command=_replaycheck.run)
+    worker = sub.add_parser(
+        "worker", help="run a pull app's worker (polls for its invocations)",
+        description=_worker_cli.HELP,
+    )  # fmt: skip
+    _worker_cli.add_arguments(worker)
+    worker.set_defaults(sdk_command=_worker_cli.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a ``stepline`` command; its exit status (2 with a hint when it needs the server
+    extra and that is not installed)."""
+    server = server_cli()
+    args = parser(server).parse_args(sys.argv[1:] if argv is None else argv)
+    if getattr(args, "missing_extra", False):
+        print(MISSING_EXTRA.format(command=args.command), file=sys.stderr)
         return 2
-    return cast(Callable[[list[str] | None], int], cli.main)(argv)
+    if getattr(args, "sdk_command", None):
+        return int(args.sdk_command(args))
+    if getattr(args, "operate", None):
+        return _cli_operate.run(args)
+    if args.command in ("projects", "environments", "keys") and _cli_tenancy.over_rest(args):
+        return _cli_tenancy.run(args)
+    if server is None:
+        print(MISSING_EXTRA.format(command=args.command), file=sys.stderr)
+        return 2
+    return int(server.run(args))

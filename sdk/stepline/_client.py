@@ -397,6 +397,10 @@ class _Api(Generic[_D, _N, _I]):
         """One page of schedules: ``{"schedules": [...], "nextCursor": ...}``."""
         return self._json(_Request("GET", _path("schedules"), _params(limit=limit, cursor=cursor)))
 
+    def iter_schedules(self) -> _I:
+        """Every schedule, page after page."""
+        return self._iterate(_Request("GET", _path("schedules"), _params(limit=500)), "schedules")
+
     def get_schedule(self, schedule_id: str) -> _D:
         """One schedule."""
         return self._json(_Request("GET", _path("schedules", schedule_id)))
@@ -496,6 +500,34 @@ class _Api(Generic[_D, _N, _I]):
         """One page of an alert's notifications, newest first, with how each was delivered."""
         params = _params(limit=limit, cursor=cursor)
         return self._json(_Request("GET", _path("alerts", alert_id, "deliveries"), params))
+
+    # projects, environments and keys (an admin key)
+
+    def list_projects(self) -> _D:
+        """The key's project: ``{"projects": [...]}``."""
+        return self._json(_Request("GET", _path("projects")))
+
+    def list_environments(self) -> _D:
+        """The environments of the key's project: ``{"environments": [...]}``."""
+        return self._json(_Request("GET", _path("environments")))
+
+    def create_environment(self, name: str) -> _D:
+        """Add an environment to the key's project."""
+        return self._json(_Request("POST", _path("environments"), body={"name": name}))
+
+    def list_keys(self) -> _D:
+        """The active keys of the key's environment: ``{"keys": [...]}`` (never the secrets)."""
+        return self._json(_Request("GET", _path("keys")))
+
+    def create_key(self, name: str, *, role: str = "admin", environment: str | None = None) -> _D:
+        """Make an API key (``role`` ``admin``, ``write`` or ``read``) for the key's
+        environment or ``environment`` of its project; the answer's ``key`` is shown once."""
+        body = {"name": name, "role": role, **_compact(environment=environment)}
+        return self._json(_Request("POST", _path("keys"), body=body))
+
+    def revoke_key(self, key_id: str) -> _N:
+        """Revoke a key: it is refused from then on."""
+        return self._none(_Request("DELETE", _path("keys", key_id)))
 
 
 def _http_options(base_url: str, timeout: float, headers: Mapping[str, str] | None) -> JSON:

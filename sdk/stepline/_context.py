@@ -124,6 +124,10 @@ class Context:
         self.lost: Exception | None = None  # a fetch failed: the invocation cannot go on
         self.continued: _ContinueAsNew | None = None
         self._met = 0  # recorded steps reached so far
+        # Recorded callbacks met whose wait() the code has not reached yet: the code between
+        # ctx.callback() and .wait() ran in the invocation that made the callback (which then
+        # suspended at the wait), so it is a replay even once every recorded step is met.
+        self._unwaited: set[str] = set()
         self.logs = LogBuffer()
         self.log = RunLog(self, self.logs)
         """Keep lines on the run: ``ctx.log.info("charged", amount=5)`` (also ``debug``,
@@ -131,8 +135,9 @@ class Context:
 
     def replaying(self) -> bool:
         """Whether the code running now ran before (its log lines were kept then): the branch
-        has met no new step and some recorded step is not reached yet."""
-        return _live.get() is not self and self._met < len(self._records)
+        has met no new step, and some recorded step is not reached yet or a recorded
+        callback's wait is not."""
+        return _live.get() is not self and (self._met < len(self._records) or bool(self._unwaited))
 
     @property
     def cancel_requested(self) -> bool:
@@ -244,6 +249,7 @@ class Context:
         if record is not None:
             if record.status is StepStatus.CANCELLED:
                 raise self._cancelled()
+            self._unwaited.add(name)
             return Callback(self, name, record.callback_id or "", record.callback_url or "")
         self._check_cancel()
         future = self._add(
@@ -256,6 +262,7 @@ class Context:
         if self.closed:
             raise _Suspended()
         self.activity += 1
+        self._unwaited.discard(name)
         record = self._records.get(name)
         if record is not None:
             if record.status is StepStatus.COMPLETED:

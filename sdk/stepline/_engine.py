@@ -22,6 +22,7 @@ from stepline import _json, _tracing, protocol
 from stepline._context import Context, _Op
 from stepline._durations import to_ms
 from stepline._errors import (
+    WORKFLOW_FAILED,
     NondeterminismError,
     RetryableError,
     StepFailed,
@@ -272,7 +273,8 @@ class Invocation:
             value, size = _json.round_trip(result)
         except (TypeError, ValueError) as exc:
             message = f"the result of step {op.name!r} is not JSON serialisable: {exc}"
-            self._step_failed(op, protocol.ErrorInfo(type="TypeError", message=message))
+            info = protocol.ErrorInfo(type="TypeError", code="not_json", message=message)
+            self._step_failed(op, info)
             return
         if size > _json.MAX_PAYLOAD_BYTES:
             message = f"the result of step {op.name!r} is {size} bytes, over the 1 MiB limit"
@@ -338,7 +340,7 @@ class Invocation:
             await asyncio.wait(set(self.running))
         if ctx.fatal is not None:
             self._log_failed(ctx.fatal)
-            return self._answer(InvokeStatus.FAILED, error=error_info(ctx.fatal))
+            return self._answer(InvokeStatus.FAILED, error=error_info(ctx.fatal, WORKFLOW_FAILED))
         if ctx.lost is not None:
             raise ctx.lost
         if ctx.cancel_raised:
@@ -346,17 +348,20 @@ class Invocation:
         if ctx.continued is not None and not task.cancelled() and task.exception() is ctx.continued:
             return self._answer(InvokeStatus.CONTINUED, input=ctx.continued.input)
         if task.cancelled():
-            info = protocol.ErrorInfo(type="CancelledError", message="the workflow was cancelled")
+            info = protocol.ErrorInfo(
+                type="CancelledError", code="cancelled", message="the workflow was cancelled"
+            )
             return self._answer(InvokeStatus.FAILED, error=info)
         exc = task.exception()
         if exc is not None:
             self._log_failed(exc)
-            return self._answer(InvokeStatus.FAILED, error=error_info(exc))
+            return self._answer(InvokeStatus.FAILED, error=error_info(exc, WORKFLOW_FAILED))
         try:
             output, size = _json.round_trip(task.result())
         except (TypeError, ValueError) as err:
             message = f"the workflow's output is not JSON serialisable: {err}"
-            return self._answer(InvokeStatus.FAILED, error=protocol.ErrorInfo(message=message))
+            info = protocol.ErrorInfo(type="TypeError", code="not_json", message=message)
+            return self._answer(InvokeStatus.FAILED, error=info)
         if size > _json.MAX_PAYLOAD_BYTES:
             message = f"the workflow's output is {size} bytes, over the 1 MiB limit"
             info = protocol.ErrorInfo(

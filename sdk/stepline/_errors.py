@@ -21,10 +21,22 @@ Every exception carries its data as attributes, so code that catches one can act
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import os
 import traceback
 from typing import Any
 
 from stepline import protocol
+
+# Frames of these folders are the machinery around a user's code (the SDK's engine, asyncio's
+# task steps, the thread of a sync step): a recorded traceback leaves them out, so that it
+# begins at the user's frames.
+_HIDDEN_FOLDERS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(concurrent.futures.__file__)) + os.sep,  # a sync step's thread
+)
 
 
 class SteplineError(Exception):
@@ -173,8 +185,22 @@ _CUT = "[traceback cut to its last 16 KiB]\n"
 
 
 def format_traceback(exc: BaseException) -> str:
-    """``exc``'s Python traceback as text, cut to its last 16 KiB: the end holds the raise site."""
-    text = "".join(traceback.format_exception(exc))
+    """``exc``'s Python traceback as text, the user's frames only (the SDK's and asyncio's left
+    out, unless nothing else is left), cut to its last 16 KiB: the end holds the raise site."""
+    te = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    stack: list[traceback.TracebackException] = [te]
+    while stack:  # every exception of the chain (causes, contexts, groups)
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        frames = [f for f in current.stack if not f.filename.startswith(_HIDDEN_FOLDERS)]
+        if frames:
+            current.stack = traceback.StackSummary.from_list(frames)
+        stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        stack.extend(getattr(current, "exceptions", None) or [])
+    text = "".join(te.format())
     data = text.encode()
     if len(data) <= MAX_TRACEBACK_BYTES:
         return text
@@ -182,17 +208,30 @@ def format_traceback(exc: BaseException) -> str:
     return _CUT + data[-keep:].decode("utf-8", "ignore")
 
 
-def error_info(exc: BaseException) -> protocol.ErrorInfo:
-    """How an exception is recorded: type, message (bounded), stable code and traceback."""
+STEP_FAILED = "step_failed"
+"""The code of a step's error when the exception raised carries none."""
+
+WORKFLOW_FAILED = "workflow_failed"
+"""The code of a run's error when the exception the workflow raised carries none."""
+
+
+def error_info(exc: BaseException, default_code: str = STEP_FAILED) -> protocol.ErrorInfo:
+    """How an exception is recorded: type, message (bounded), a code (always a string:
+    ``default_code`` when the exception has none of its own) and the traceback."""
     if isinstance(exc, StepFailed):
-        return exc.info()
-    code: str | None = None
-    if isinstance(exc, TerminalError | NondeterminismError | DuplicateStepError):
+        info = exc.info()
+        return info if info.code else info.model_copy(update={"code": STEP_FAILED})
+    code = default_code
+    if isinstance(exc, TerminalError):
+        code = exc.code or "terminal"
+    elif isinstance(exc, NondeterminismError | DuplicateStepError):
         code = exc.code
     elif isinstance(exc, ChildWorkflowFailed):
-        code = exc.error.code
+        code = exc.error.code or "child_failed"
     elif isinstance(exc, CallbackTimeout):
         code = "callback_timeout"
+    elif isinstance(exc, Cancelled):
+        code = "cancelled"
     message = _storable(str(exc) or repr(exc))
     if len(message) > 4000:
         message = message[:4000] + "…"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from typing import Any
 
@@ -45,6 +47,7 @@ class Worker:
         concurrency: int = 10,
         wait: float = 30.0,
         drain: float = 30.0,
+        name: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -59,6 +62,8 @@ class Worker:
         self._active: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self.invoked = 0  # invocations this worker has run
+        # How the orchestrator's history names this worker ("poll by <name>").
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
 
     async def sync(self) -> dict[str, Any]:
         """Register the app's workflows with the orchestrator (its description, as the SDK's
@@ -110,7 +115,13 @@ class Worker:
                 try:
                     polled = poll.result()
                 except (httpx.HTTPError, _Retry) as exc:
-                    logger.warning("poll_failed", extra={"problem": str(exc)})
+                    problem = str(exc) or type(exc).__name__
+                    logger.warning(
+                        "poll_failed: %s; polling again in %.1fs",
+                        problem,
+                        pause,
+                        extra={"problem": problem},
+                    )
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 5.0)
                     continue
@@ -155,7 +166,7 @@ class Worker:
         try:
             response = await self.stepline.invoke(request)
         except OrchestratorUnavailable as exc:
-            logger.warning("invocation_abandoned", extra={"problem": str(exc)})
+            logger.warning("invocation_abandoned: %s", exc, extra={"problem": str(exc)})
             return
         except Exception:
             logger.exception("invocation_crashed")
@@ -184,7 +195,7 @@ class Worker:
                     url, content=content, headers=self._headers(request.token)
                 )
             except httpx.HTTPError as exc:
-                logger.warning("answer_failed", extra={"problem": str(exc)})
+                logger.warning("answer_failed: %s", exc, extra={"problem": str(exc)})
                 continue
             if sent.status_code < 500:
                 if sent.status_code not in (200, 409):
@@ -206,9 +217,12 @@ class Worker:
                 if beat.status_code == 409:
                     return  # the lease is lost: the next progress call stops the workflow
 
-    @staticmethod
-    def _headers(token: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    def _headers(self, token: str) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Stepline-Worker": self.name,
+        }
 
     async def aclose(self) -> None:
         """Close the worker's connections."""

@@ -14,13 +14,20 @@ import sys
 from stepline._worker import Worker, WorkerError
 from stepline._workflow import Stepline
 
+HELP = (
+    "Run a pull app's workflows: sync the app, then poll the orchestrator for its invocations"
+    " (no inbound port)."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="stepline worker",
-        description="Run a pull app's workflows: sync the app, then poll the orchestrator for "
-        "its invocations (no inbound port).",
-    )
+    p = argparse.ArgumentParser(prog="stepline worker", description=HELP)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The worker's arguments, on ``p``."""
     p.add_argument("target", metavar="MODULE:ATTR", help="the Stepline object, e.g. app:sl")
     p.add_argument("--app", required=True, help="the pull app's name, id or slug")
     p.add_argument(
@@ -43,7 +50,6 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGINT or SIGTERM, seconds the invocations running may take to finish (30)",
     )
-    return p
 
 
 def load(target: str) -> Stepline:
@@ -74,14 +80,26 @@ async def _serve(worker: Worker) -> None:
 
 
 def main(argv: list[str]) -> int:
-    a = _parser().parse_args(argv)
+    return run(_parser().parse_args(argv))
+
+
+def configure_logging() -> None:
+    """The worker's own lines at INFO on stderr; httpx's request lines only when they warn (one
+    line per poll would drown what matters)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(a: argparse.Namespace) -> int:
+    """Run the worker the parsed arguments ``a`` describe until SIGINT or SIGTERM."""
     if not a.api_key:
         print("stepline worker: give an API key (--api-key or STEPLINE_API_KEY)", file=sys.stderr)
         return 2
     if a.concurrency < 1:
         print("stepline worker: --concurrency must be at least 1", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging()
     sl = load(a.target)
     worker = Worker(
         sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain

@@ -38,6 +38,16 @@ _DURATIONS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5
 # Timers fire a few ms late when healthy; seconds late means the dispatcher is behind.
 _LATENESS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
+# Runs take from milliseconds to days (sleeps, approvals): up to a week.
+_RUN_DURATIONS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800,
+)  # fmt: skip
+# A scheduled run starts a few ms after its tick when healthy; minutes late is an outage.
+_START_LAG = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+MAX_WORKFLOW_LABELS = 200
+"""Distinct ``workflow`` label values a metric takes at most; the rest count as ``_other``."""
+OTHER_WORKFLOW = "_other"
+_MAX_RUN_WORKFLOWS = 50_000  # runs being invoked, kept to label their steps: bounded
 _ENDED_STEP = {"completed", "failed", "retrying"}
 _MAX_OPEN_STEPS = 50_000  # steps seen starting, kept to time them: bounded, oldest dropped
 
@@ -68,16 +78,31 @@ class Metrics:
         )
         self._invocation_seconds = Histogram(
             "stepline_invocation_duration_seconds",
-            "How long the app took to answer an invocation, by outcome.",
-            ["outcome"],
+            "How long the app took to answer an invocation, by workflow and outcome.",
+            ["workflow", "outcome"],
             buckets=_DURATIONS,
             registry=r,
         )
         self._step_seconds = Histogram(
             "stepline_step_duration_seconds",
-            "From a step's start to its result (completed, failed or retrying), as committed.",
-            ["kind", "status"],
+            "From a step's start to its result (completed, failed or retrying), as committed, "
+            "by workflow, step kind and status.",
+            ["workflow", "kind", "status"],
             buckets=_DURATIONS,
+            registry=r,
+        )
+        self._run_seconds = Histogram(
+            "stepline_run_duration_seconds",
+            "From a run's creation to its end, by workflow and final status.",
+            ["workflow", "status"],
+            buckets=_RUN_DURATIONS,
+            registry=r,
+        )
+        self._start_lag = Histogram(
+            "stepline_schedule_start_lag_seconds",
+            "From a schedule's tick to the start of its run, by workflow.",
+            ["workflow"],
+            buckets=_START_LAG,
             registry=r,
         )
         self._delivery_failures = Counter(
@@ -143,17 +168,55 @@ class Metrics:
             registry=r,
         )
         self._open_steps: dict[tuple[uuid.UUID, str], float] = {}
+        self._run_workflows: dict[uuid.UUID, str] = {}
+        self._workflows: set[str] = set()
+
+    def _workflow(self, name: str) -> str:
+        """``name`` as a label value: the first :data:`MAX_WORKFLOW_LABELS` names seen keep
+        theirs, later ones count as ``_other`` (a label set that cannot grow without bound)."""
+        if name in self._workflows:
+            return name
+        if len(self._workflows) >= MAX_WORKFLOW_LABELS:
+            return OTHER_WORKFLOW
+        self._workflows.add(name)
+        return name
 
     def run_started(self, workflow: str, trigger: str, n: int = 1) -> None:
-        self._runs_started.labels(workflow, trigger).inc(n)
+        """``n`` runs of ``workflow`` started (``trigger``: api, schedule, manual, event,
+        parent, retry, bulk)."""
+        if n:
+            self._runs_started.labels(self._workflow(workflow), trigger).inc(n)
 
-    def run_ended(self, workflow: str, status: str) -> None:
-        self._runs_ended.labels(workflow, status).inc()
+    def run_ended(self, workflow: str, status: str, seconds: float | None = None) -> None:
+        """A run ended ``status``, ``seconds`` after it was created (when known)."""
+        label = self._workflow(workflow)
+        self._runs_ended.labels(label, status).inc()
+        if seconds is not None:
+            self._run_seconds.labels(label, status).observe(max(0.0, seconds))
 
-    def invocation_ended(self, outcome: str, duration_ms: int | None) -> None:
+    def schedule_started(self, workflow: str, lag_seconds: float) -> None:
+        """A schedule's run started ``lag_seconds`` after its tick."""
+        self._start_lag.labels(self._workflow(workflow)).observe(max(0.0, lag_seconds))
+
+    def invocation_began(self, run_id: uuid.UUID, workflow: str) -> None:
+        """An invocation of ``run_id`` (a run of ``workflow``) began: its steps are labelled so."""
+        if len(self._run_workflows) >= _MAX_RUN_WORKFLOWS:
+            self._run_workflows.pop(next(iter(self._run_workflows)))
+        self._run_workflows[run_id] = workflow
+
+    def invocation_ended(
+        self,
+        outcome: str,
+        duration_ms: int | None,
+        workflow: str = OTHER_WORKFLOW,
+        run_id: uuid.UUID | None = None,
+    ) -> None:
         self._invocations.labels(outcome).inc()
         if duration_ms is not None:
-            self._invocation_seconds.labels(outcome).observe(duration_ms / 1000)
+            label = self._workflow(workflow)
+            self._invocation_seconds.labels(label, outcome).observe(duration_ms / 1000)
+        if run_id is not None:  # its steps are observed by now; the next invocation says again
+            self._run_workflows.pop(run_id, None)
 
     def delivery_failed(self) -> None:
         self._delivery_failures.inc()
@@ -187,7 +250,8 @@ class Metrics:
                     self._open_steps.pop(next(iter(self._open_steps)))
                 self._open_steps[key] = now
             elif status in _ENDED_STEP and (start := self._open_steps.pop(key, None)):
-                self._step_seconds.labels(kind, status).observe(now - start)
+                workflow = self._workflow(self._run_workflows.get(run_id, OTHER_WORKFLOW))
+                self._step_seconds.labels(workflow, kind, status).observe(now - start)
 
     def sample_process(self, inflight: int, pool_size: int, pool_idle: int, pool_max: int) -> None:
         """This process's gauges, as they are now."""

@@ -161,6 +161,12 @@ class Orchestrator:
         }
         await schedules.sync_code(conn, app, declared, datetime.now(UTC))
 
+    def closing(self) -> None:
+        """The server shuts down: long polls answer now instead of holding it up."""
+        pull = getattr(self, "pull", None)
+        if pull is not None:
+            pull.close()
+
     async def stop(self) -> None:
         await self.supervisor.stop()
         await self.caller.aclose()

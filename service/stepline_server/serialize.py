@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from stepline_server.engine import error_codes
 from stepline_server.engine.timing import timing
 from stepline_server.store.db import Record
 
@@ -67,7 +68,7 @@ def step(row: Record, callback_url: CallbackUrl | None = None) -> dict[str, Any]
         "startedAt": ts(row["started_at"]),
         "endedAt": ts(row["ended_at"]),
         "output": row["output"],
-        "error": row["error"],
+        "error": error_codes.with_code(row["error"], error_codes.STEP_FAILED),
     }
     if row["kind"] == "sleep" or row["status"] == "retrying":
         data["wakeAt"] = ts(row["wake_at"])
@@ -99,7 +100,7 @@ def run(
         "status": row["status"],
         "input": row["input"],
         "output": row["output"],
-        "error": row["error"],
+        "error": error_codes.with_code(row["error"], error_codes.WORKFLOW_FAILED),
         "runKey": row["run_key"],
         "parentRunId": str(row["parent_run_id"]) if row["parent_run_id"] else None,
         "scheduleId": row["schedule_id"],
@@ -274,6 +275,7 @@ def invocation(row: Record) -> dict[str, Any]:
         "outcome": outcome,
         "httpStatus": row["http_status"],
         "deploymentId": row["deployment_id"],
+        "request": row["request"],
         "response": row["error"] if outcome not in (None, "completed", "suspended") else None,
     }
 

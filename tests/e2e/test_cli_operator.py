@@ -149,9 +149,11 @@ async def test_events_follow_prints_until_the_run_ends(env: Env) -> None:
 
 async def test_failed_run_shows_traceback_and_retries_from_step(env: Env) -> None:
     """A failed run's traceback is printed by `runs show`; `runs retry --from-step` runs that
-    step again on the fixed code; retrying a completed run is an API error (exit 1)."""
+    step again on the fixed code; retrying a completed run without a step is an API error
+    (exit 1), from a step it is a reset. `--wait` on a run that fails exits 3."""
     code, out, _ = await cli(env, "runs", "start", "charge", "--wait")
-    assert code == 0 and "status    failed" in out
+    assert code == 3 and "status    failed" in out
+    assert "error terminal: card declined [TerminalError]" in out
     assert "card declined" in out and "Traceback" in out
     run_id = (await ok_json(env, "runs", "list", "--workflow", "charge"))["runs"][0]["id"]
     env.state["fixed"] = True
@@ -161,6 +163,10 @@ async def test_failed_run_shows_traceback_and_retries_from_step(env: Env) -> Non
     assert ended["status"] == "completed" and ended["output"] == "paid"
     code, _, err = await cli(env, "runs", "retry", run_id)
     assert code == 1 and "invalid_state" in err
+    code, out, err = await cli(env, "runs", "retry", run_id, "--from-step", "pay")
+    assert code == 0 and "from step 'pay'" in out, err
+    code, out, err = await cli(env, "runs", "wait", run_id, "--timeout", "20")
+    assert code == 0 and "status    completed" in out, err
 
 
 async def test_cancel_and_events_send(env: Env) -> None:
@@ -183,7 +189,7 @@ async def test_cancel_and_events_send(env: Env) -> None:
     assert code == 0 and other["id"] in out, err
     assert (await env.stack.client.wait_run(other["id"], timeout=20))["status"] == "cancelled"
     code, out, _ = await cli(env, "events", "send", "kyc.done", "--data", '{"u": "nobody"}')
-    assert code == 0 and "0 run(s) resumed" in out
+    assert code == 0 and "0 waiting run(s) resumed, 0 run(s) started" in out
 
 
 async def test_apps_list_register_sync(env: Env) -> None:
@@ -209,6 +215,7 @@ async def test_apps_register_a_pull_app(env: Env) -> None:
     `apps list` shows each app's kind; a URL with --pull, or neither, is a usage error."""
     code, out, err = await cli(env, "apps", "register", "workers", "--pull")
     assert code == 0 and "pull app wfa_" in out and "stepline worker MODULE:ATTR" in out, err
+    assert "secret" not in out and "whsec_" not in out  # a pull app never uses one
     code, out, _ = await cli(env, "apps", "list")
     assert code == 0 and "KIND" in out
     assert any("workers" in line and " pull " in line for line in out.splitlines())

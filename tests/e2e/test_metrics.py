@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -78,9 +79,15 @@ async def test_metrics_count_runs_steps_invocations_and_timers(database_url: str
     assert value(s, "stepline_runs_ended_total", workflow="boom", status="failed") == 1
     # Each nap suspends at its sleep and completes on its second invocation.
     assert value(s, "stepline_invocations_total", outcome="suspended") == 3
-    assert value(s, "stepline_invocation_duration_seconds_count", outcome="completed") == 3
-    assert value(s, "stepline_invocation_duration_seconds_sum", outcome="completed") > 0
-    assert value(s, "stepline_step_duration_seconds_count", kind="run", status="completed") == 6
+    done = {"workflow": "nap", "outcome": "completed"}
+    assert value(s, "stepline_invocation_duration_seconds_count", **done) == 3
+    assert value(s, "stepline_invocation_duration_seconds_sum", **done) > 0
+    step = {"workflow": "nap", "kind": "run", "status": "completed"}
+    assert value(s, "stepline_step_duration_seconds_count", **step) == 6
+    ran = {"workflow": "nap", "status": "completed"}
+    assert value(s, "stepline_run_duration_seconds_count", **ran) == 3
+    assert value(s, "stepline_run_duration_seconds_sum", **ran) >= 3 * 0.2  # each slept 200 ms
+    assert value(s, "stepline_run_duration_seconds_count", workflow="boom", status="failed") == 1
     late = value(s, "stepline_timer_lateness_seconds_count")
     assert late == 3
     assert value(s, "stepline_timer_lateness_seconds_bucket", le="+Inf") == late
@@ -140,3 +147,84 @@ async def test_metrics_count_delivery_failures(database_url: str) -> None:
         )
     assert value(s, "stepline_delivery_failures_total") >= 1
     assert value(s, "stepline_invocations_total", outcome="delivery_failed") >= 1
+
+
+def make_triggered_app() -> stepline.Stepline:
+    sl = stepline.Stepline("secret-metrics-triggers")
+
+    @sl.workflow("welcome", on_event="user.signed_up")
+    async def welcome(ctx: stepline.Context, input: Any) -> None:
+        return None
+
+    @sl.workflow("child")
+    async def child(ctx: stepline.Context, input: Any) -> int:
+        return 1
+
+    @sl.workflow("parent")
+    async def parent(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.invoke("kid", "child", None)
+
+    @sl.workflow("report", schedule={"cron": "0 0 1 1 *"})
+    async def report(ctx: stepline.Context, input: Any) -> None:
+        return None
+
+    @sl.workflow("fails")
+    async def fails(ctx: stepline.Context, input: Any) -> None:
+        raise stepline.TerminalError("no")
+
+    return sl
+
+
+async def test_every_run_started_is_counted_whatever_started_it(database_url: str) -> None:
+    """Runs started by an event, a manual schedule trigger, a parent and a retry are counted
+    with their trigger, so a workflow's started count is never below its ended count; a
+    triggered schedule's run measures its start lag."""
+    sl = make_triggered_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        sent = await stack.client.send_event("user.signed_up", {"userId": "u1"})
+        schedule = (await stack.client.list_schedules())["schedules"][0]
+        triggered = await stack.client.trigger_schedule(schedule["id"])
+        parent = await stack.client.start_run("parent", None)
+        failed = await stack.client.start_run("fails", None)
+        started = [sent["startedRuns"][0], triggered["id"], parent["id"], failed["id"]]
+        for run_id in started:
+            await stack.client.wait_run(run_id, timeout=20)
+        await stack.client.retry_run(failed["id"])
+        await stack.client.wait_run(failed["id"], timeout=20)
+        s = await _until(
+            stack,
+            lambda s: value(s, "stepline_runs_ended_total", workflow="fails", status="failed") == 2,
+        )
+    counted = {
+        ("welcome", "event"),
+        ("report", "manual"),
+        ("parent", "api"),
+        ("child", "parent"),
+        ("fails", "api"),
+        ("fails", "retry"),
+    }
+    for workflow, trigger in counted:
+        assert value(s, "stepline_runs_started_total", workflow=workflow, trigger=trigger) == 1
+    for workflow in ("welcome", "report", "parent", "child", "fails"):
+        began = sum(v for (n, labels), v in s.items() if n == "stepline_runs_started_total"
+                    and ("workflow", workflow) in labels)  # fmt: skip
+        ended = sum(v for (n, labels), v in s.items() if n == "stepline_runs_ended_total"
+                    and ("workflow", workflow) in labels)  # fmt: skip
+        assert began == ended, workflow
+    assert value(s, "stepline_schedule_start_lag_seconds_count", workflow="report") == 0
+
+
+async def test_a_schedules_tick_counts_its_run_and_its_start_lag(database_url: str) -> None:
+    """A tick the scheduler fires counts a run with trigger ``schedule`` and its lag from the
+    tick (a tick fired a minute late lags about that much)."""
+    sl = make_triggered_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        await stack.client.create_schedule("report", "* * * * *", timezone="UTC")
+        started = await stack.orchestrator.scheduler.tick(datetime.now(UTC) + timedelta(minutes=2))
+        assert started >= 1
+        s = await scrape(stack.url)
+    assert value(s, "stepline_runs_started_total", workflow="report", trigger="schedule") == started
+    assert value(s, "stepline_schedule_start_lag_seconds_count", workflow="report") == started
+    assert value(s, "stepline_schedule_start_lag_seconds_sum", workflow="report") >= 60

@@ -37,18 +37,24 @@ def test_the_command_points_at_the_sdk_shim() -> None:
     assert scripts["stepline"] == "stepline._cli:main"
 
 
-def test_without_the_server_extra_the_command_says_what_to_install() -> None:
-    """With a server-extra module missing, ``stepline`` exits 2 with an install hint, no
+def test_without_the_server_extra_help_works_and_server_commands_say_what_to_install() -> None:
+    """With a server-extra module missing, ``stepline --help`` lists every command (``worker``
+    too) and exits 0; ``serve``, ``dev`` and ``migrate`` exit 2 with an install hint, no
     traceback."""
-    done = _run(WITHOUT_STRUCTLOG, "--help")
-    assert done.returncode == 2
-    assert done.stderr.strip() == _cli.MISSING_EXTRA
-    assert "pip install 'stepline[server]'" in done.stderr
-    assert "Traceback" not in done.stderr
+    helped = _run(WITHOUT_STRUCTLOG, "--help")
+    assert helped.returncode == 0, helped.stderr
+    for command in ("runs", "apps", "schedules", "events", "workflows", "worker", "serve"):
+        assert f"    {command}" in helped.stdout
+    for command in ("serve", "dev", "migrate"):
+        done = _run(WITHOUT_STRUCTLOG, command)
+        assert done.returncode == 2
+        assert done.stderr.strip() == _cli.MISSING_EXTRA.format(command=command)
+        assert "pip install 'stepline[server]'" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_with_the_server_extra_the_command_runs() -> None:
     """With everything installed, ``stepline --help`` prints the orchestrator's help, exit 0."""
     done = _run("import sys; from stepline._cli import main; sys.exit(main())", "--help")
     assert done.returncode == 0, done.stderr
-    assert "migrate" in done.stdout
+    assert "migrate" in done.stdout and "worker" in done.stdout

@@ -200,3 +200,24 @@ async def test_cli_projects_and_keys_work_beside_a_running_orchestrator(
             await asyncio.sleep(0.6)
             assert (await http.get("/v1/runs", headers=_auth(viewer))).status_code == 401
             assert (await http.get("/readyz")).status_code == 200
+
+
+def test_local_keys_commands_print_what_they_made_and_no_log_lines(tmp_path: Path) -> None:
+    """`keys create` on the embedded database of a data folder prints the key and its header
+    line, and no log line of its own (the embedded PostgreSQL starting and stopping says
+    nothing; only a warning would show, on stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "STEPLINE_LOG_LEVEL")}
+    env["STEPLINE_DATA_DIR"] = str(tmp_path / "data")
+    env.pop("STEPLINE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "stepline_server.cli.main", "keys", "create", "--name", "ops"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("API key 'ops' (admin)")
+    assert lines[1].startswith("sl_")
+    assert '"level": "info"' not in done.stderr, done.stderr

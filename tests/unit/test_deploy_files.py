@@ -130,3 +130,14 @@ def test_the_dashboard_uses_only_metrics_the_orchestrator_exports() -> None:
     }
     assert queried and queried <= exported, queried - exported
     assert len(dashboard["panels"]) >= 8
+    # p95 of a workflow's runs, schedule start lag, and every histogram narrowed by workflow.
+    assert {
+        "stepline_run_duration_seconds_bucket",
+        "stepline_schedule_start_lag_seconds_bucket",
+    } <= queried
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert "workflow" in variables
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            if "_seconds_bucket" in target["expr"] and "timer_lateness" not in target["expr"]:
+                assert 'workflow=~"$workflow"' in target["expr"], target["expr"]

@@ -235,3 +235,24 @@ async def test_kept_lines_also_go_to_the_apps_logging_once(
     assert [r.getMessage() for r in records] == ["hello", "inside"]
     assert records[0].run_id == "r-1" and records[0].fields == {"n": 1}  # type: ignore[attr-defined]
     assert records[1].step == "s"  # type: ignore[attr-defined]
+
+
+async def test_a_line_between_callback_and_wait_is_kept_once() -> None:
+    """A line written after ``ctx.callback()`` and before ``.wait()`` ran in the invocation
+    that made the callback; the invocation after its completion replays it and keeps it no
+    second time, while the lines after the wait are kept (once)."""
+    sl = stepline.Stepline("whsec_t")
+
+    @sl.workflow("w")
+    async def w(ctx: stepline.Context, input: None) -> Any:
+        approval = await ctx.callback("approval")
+        ctx.log.info("asked", url=approval.url)
+        await ctx.step("ask", lambda: "mailed")
+        ctx.log.info("mailed")
+        decision = await approval.wait()
+        ctx.log.info("decided", decision=decision)
+        return decision
+
+    result = await testing.run(sl, "w", callbacks={"approval": {"ok": True}})
+    assert result.status == "completed" and result.invocations >= 2
+    assert [line.message for line in result.logs] == ["asked", "mailed", "decided"]

@@ -140,4 +140,8 @@ def build_app(orchestrator: Orchestrator) -> BodyTimeout:
     # (``/v1/callbacks/{id}/``) must not be sent on to the API-key route.
     app.router.redirect_slashes = False
     app.state = state
-    return BodyTimeout(ProgressFastPath(app, app.state), orchestrator.settings.body_timeout_seconds)
+    return BodyTimeout(
+        ProgressFastPath(app, app.state),
+        orchestrator.settings.body_timeout_seconds,
+        on_shutdown=orchestrator.closing,
+    )

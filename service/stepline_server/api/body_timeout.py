@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from stepline_server.api.errors import RequestTimeout
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -17,9 +19,13 @@ class BodyTimeout:
     previous one (or of the request's start); otherwise reading it raises
     :class:`~stepline_server.api.errors.RequestTimeout`, answered in the error shape."""
 
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
+    def __init__(
+        self, app: ASGIApp, seconds: float, on_shutdown: Callable[[], None] | None = None
+    ) -> None:
         self.app = app
         self.seconds = seconds
+        # Called when the server begins to shut down (see cli/servers.py): long polls end then.
+        self.on_shutdown = on_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.seconds <= 0:

@@ -26,6 +26,9 @@ from stepline_server.engine import pull as rules
 
 __all__ = ["answer", "heartbeat", "poll"]
 
+WORKER_HEADER = "stepline-worker"
+"""Names the worker that sends an answer (``host:pid``), for the invocation's ``request``."""
+
 
 class Heartbeat(BaseModel):
     run_id: uuid.UUID = Field(alias="runId")
@@ -81,7 +84,10 @@ async def answer(request: Request) -> Response:
         raise from_validation(exc) from None
     except ValueError:
         raise ValidationFailed("runId is not a UUID", {"fields": {"runId": "not a UUID"}}) from None
-    recorded = await o.pull.answer(run_id, lease, invocation_id, given, given.duration_ms or 0)
+    worker = rules.worker_name(request.headers.get(WORKER_HEADER), request.client)
+    recorded = await o.pull.answer(
+        run_id, lease, invocation_id, given, given.duration_ms or 0, worker=worker
+    )
     if not recorded:
         raise StaleInvocation("this invocation no longer owns the run; its answer was not kept")
     return json_response({"recorded": True})

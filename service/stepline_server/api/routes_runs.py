@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline._durations import parse_duration
-from stepline_server import reads, serialize
+from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import (
@@ -221,14 +221,13 @@ async def retry_run(request: Request) -> Response:
     o = orch(request)
     async with o.pool.acquire() as conn:
         try:
-            row = await waits.retry(conn, pid, run_id, body.from_step)
+            row = await actions.retry_run(o, conn, pid, run_id, body.from_step)
         except rules.RuleError as exc:
             if exc.code == "validation_failed":
                 raise ValidationFailed(str(exc), {"fields": {"fromStep": str(exc)}}) from None
             raise InvalidState(str(exc)) from None
         if row is None:
             raise NotFound(f"no run with id {run_id}")
-        o.dispatcher.wake()
         return json_response(
             await reads.run_json(conn, row, callback_url=reads.callback_url(o)), 202
         )

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline._durations import to_ms
-from stepline_server import reads, serialize
+from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
@@ -218,11 +218,10 @@ async def trigger_schedule(request: Request) -> Response:
     o = orch(request)
     async with o.pool.acquire() as conn:
         try:
-            run = await schedules.trigger(conn, pid, sid, datetime.now(UTC))
+            run = await actions.trigger_schedule(o, conn, pid, sid, datetime.now(UTC))
         except schedules.WorkflowGone as exc:
             raise NotFound(f"{exc}; sync the app that hosts it") from None
         run = _found(run, sid)
-        o.dispatcher.wake()
         return json_response(
             await reads.run_json(conn, run, callback_url=reads.callback_url(o)), 201
         )

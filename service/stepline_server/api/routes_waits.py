@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import serialize
+from stepline_server import actions, serialize
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model
@@ -73,11 +73,7 @@ async def send_event(request: Request) -> Response:
     body = await read_model(request, EventSend)
     o = orch(request)
     async with o.pool.acquire() as conn:
-        event_id, sent = await waits.send_event(
-            conn, pid, body.name, body.data, body.id, notify=o.dispatcher.tell_others()
-        )
-    if sent.matched or sent.started:
-        o.dispatcher.wake()
+        event_id, sent = await actions.send_event(o, conn, pid, body.name, body.data, body.id)
     answer = {
         "id": body.id if body.id is not None else str(event_id),
         "name": body.name,

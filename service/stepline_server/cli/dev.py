@@ -16,7 +16,7 @@ import uvicorn
 
 import stepline
 from stepline_server.api.app import build_app
-from stepline_server.cli import servers
+from stepline_server.cli import servers, tenancy
 from stepline_server.cli.main import _run, database
 from stepline_server.engine import egress
 from stepline_server.orchestrator import Orchestrator
@@ -69,7 +69,7 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             elif row["url"] != app_url:
                 row = await apps.update(conn, keys.DEFAULT_PROJECT, row["id"], app_url, None)
             assert row is not None
-            key = await keys.create_key(conn, "dev")
+            key = await tenancy.dev_key(conn, settings.data_dir)
         sl.signing_secrets = tuple(row["signing_secrets"])
         app_task = asyncio.create_task(user_app.serve())
         await _started(user_app, app_task)

@@ -1,5 +1,7 @@
-"""The ``stepline`` command: serve, dev, migrate, projects, environments, keys, the
-operator commands and the SDK's ``replay-check``."""
+"""The orchestrator's part of the ``stepline`` command: ``serve``, ``dev``, ``migrate`` and
+``projects``/``environments``/``keys`` on the local database. The command itself (its parser,
+the REST-only commands) is the SDK's :mod:`stepline._cli`, so that it works without the
+server extra."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from stepline import _replaycheck
+from stepline import _cli
 from stepline_server import logs, multiproc
-from stepline_server.cli import alerts, operate, tenancy
+from stepline_server.cli import tenancy
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
@@ -88,43 +90,34 @@ def _run(coro: object) -> None:
         asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="stepline",
-        description="Stepline: durable workflows for Python web apps, on PostgreSQL.",
-        epilog="Environment: DATABASE_URL (unset: embedded PostgreSQL in STEPLINE_DATA_DIR), "
-        "STEPLINE_HOST, STEPLINE_PORT, STEPLINE_WORKERS, STEPLINE_DATA_DIR, STEPLINE_LOG_LEVEL, "
-        "STEPLINE_PUBLIC_URL.",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the orchestrator (applies migrations on start)")
+def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve``, ``dev`` and ``migrate``."""
+    serve = sub.add_parser("serve", help=_cli.SERVER_COMMANDS["serve"])
     serve.add_argument("--host", help="address to listen on [STEPLINE_HOST, 127.0.0.1]")
     serve.add_argument("--port", type=int, help="port to listen on [STEPLINE_PORT, 8400]")
     serve.add_argument(
         "--workers", type=int, help="orchestrator processes on this port [STEPLINE_WORKERS, 1]"
     )
-    dev = sub.add_parser(
-        "dev", help="embedded PostgreSQL + orchestrator + the example app, with a demo run"
-    )
+    dev = sub.add_parser("dev", help=_cli.SERVER_COMMANDS["dev"])
     dev.add_argument("--port", type=int, help="orchestrator port [STEPLINE_PORT, 8400]")
     dev.add_argument("--app-port", type=int, default=8401, help="example app port [8401]")
     dev.add_argument("--once", action="store_true", help="exit after the demo run ends")
-    sub.add_parser("migrate", help="apply database migrations and exit")
-    tenancy.add_commands(sub)
-    operate.add_commands(sub)
-    alerts.add_commands(sub)
-    check = sub.add_parser("replay-check", help=_replaycheck.HELP, description=_replaycheck.HELP)
-    _replaycheck.add_arguments(check)
-    check.set_defaults(sdk_command=_replaycheck.run)
-    return p
+    sub.add_parser("migrate", help=_cli.SERVER_COMMANDS["migrate"])
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole ``stepline`` command's parser, this module's commands included."""
+    return _cli.parser(sys.modules[__name__])
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if getattr(args, "sdk_command", None):
-        return int(args.sdk_command(args))
-    if getattr(args, "operate", None):
-        return operate.run(args)
+    """Run a ``stepline`` command (see :func:`stepline._cli.main`)."""
+    return _cli.main(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``serve``, ``dev``, ``migrate``, or a local ``projects``, ``environments`` or
+    ``keys`` command."""
     try:
         settings = from_env()
     except ValueError as exc:  # a setting that does not parse, e.g. STEPLINE_APP_NETWORKS
@@ -136,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.with_(port=args.port)
     if getattr(args, "workers", None):
         settings = settings.with_(workers=max(1, args.workers))
-    logs.configure(settings.log_level, settings.log_format, data_dir=settings.data_dir)
+    if args.command in ("projects", "environments", "keys"):
+        # They print what they made and nothing else (the embedded database logs warnings).
+        logs.configure("warning", settings.log_format, data_dir=settings.data_dir)
+    else:
+        logs.configure(settings.log_level, settings.log_format, data_dir=settings.data_dir)
     if args.command in ("serve", "dev"):
         from stepline_server.cli import servers, workers
 

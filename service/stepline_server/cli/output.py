@@ -1,182 +1,34 @@
-"""How the operator commands print: aligned tables and plain lines for people, JSON for scripts."""
+"""How the operator commands print: moved to the SDK (``stepline._cli_output``) so that an app's
+install has the REST-only commands; this name stays for the orchestrator's own code."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, TextIO
+from stepline._cli_output import (
+    as_json,
+    cell,
+    duration,
+    error_lines,
+    event_line,
+    log_line,
+    run_lines,
+    step_detail,
+    table,
+    timing,
+    took,
+    when,
+)
 
-
-def as_json(data: Any, out: TextIO, *, indent: int | None = 2) -> None:
-    """``data`` as JSON on a line of its own (indented unless ``indent`` is None)."""
-    out.write(json.dumps(data, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    """Rows in columns aligned on their widest cell; ``-`` for an empty cell."""
-    cells = [[cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    for row in [list(headers), *cells]:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
-    if not rows:
-        out.write("(none)\n")
-
-
-def cell(value: Any) -> str:
-    """A value as one table cell: ``-`` for nothing, compact JSON for anything structured."""
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, str):
-        return value.replace("\n", " ")
-    if isinstance(value, dict | list | bool | int | float):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return str(value)
-
-
-def when(value: str | None) -> str:
-    """An RFC 3339 time as ``2024-05-01 12:00:03`` (UTC), to the second."""
-    if not value:
-        return "-"
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return value
-    return parsed.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def took(start: str | None, end: str | None) -> str:
-    """The time from ``start`` to ``end`` as ``12ms``, ``3.4s`` or ``2m05s``; ``-`` if unknown."""
-    if not start or not end:
-        return "-"
-    a = datetime.fromisoformat(start.replace("Z", "+00:00"))
-    b = datetime.fromisoformat(end.replace("Z", "+00:00"))
-    return duration((b - a).total_seconds())
-
-
-def duration(seconds: float) -> str:
-    """Seconds for a person: ``850ms``, ``3.4s``, ``2m05s``, ``1h02m``, ``3d04h``."""
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-def error_lines(error: dict[str, Any] | None, indent: str = "  ") -> list[str]:
-    """A step's or run's error: its code and message, then its traceback, indented."""
-    if not error:
-        return []
-    head = f"{indent}error {error.get('code', '?')}: {error.get('message', '')}"
-    if error.get("type"):
-        head += f" [{error['type']}]"
-    lines = [head]
-    for line in str(error.get("traceback") or "").rstrip().splitlines():
-        lines.append(f"{indent}  {line}")
-    return lines
-
-
-def step_detail(step: dict[str, Any]) -> str:
-    """What a person wants to know beside a step's status: its wake time, callback or child."""
-    if step.get("status") in ("sleeping", "retrying") and step.get("wakeAt"):
-        return f"until {when(step['wakeAt'])}"
-    if step.get("callbackUrl") and step.get("status") == "waiting":
-        return f"callback {step['callbackId']}: POST {step['callbackUrl']}"
-    if step.get("childRunId"):
-        return f"child run {step['childRunId']}"
-    if step.get("status") == "completed" and step.get("output") is not None:
-        text = cell(step["output"])
-        return text if len(text) <= 60 else text[:57] + "..."
-    return ""
-
-
-def run_lines(run: dict[str, Any]) -> list[str]:
-    """A run for a person: its fields, input and output, its steps, its error with traceback."""
-    lines = [
-        f"run       {run['id']}",
-        f"workflow  {run['workflow']}  (app {run.get('app') or '-'})",
-        f"status    {run['status']}",
-    ]
-    for label, key in (("runKey", "runKey"), ("parent", "parentRunId"), ("schedule", "scheduleId")):
-        if run.get(key):
-            lines.append(f"{label:<9} {run[key]}")
-    if run.get("trigger"):
-        lines.append(f"trigger   {run['trigger']}")
-    if (run.get("generation") or 1) > 1:
-        lines.append(f"generation {run['generation']} (the steps are this generation's)")
-    if run.get("deploymentId"):
-        lines.append(f"deployment {run['deploymentId']}")
-    if run.get("scheduledAt"):
-        lines.append(f"scheduled {when(run['scheduledAt'])}  {timing(run)}".rstrip())
-    lines.append(
-        f"created   {when(run.get('createdAt'))}  ended {when(run.get('endedAt'))}"
-        f"  took {took(run.get('createdAt'), run.get('endedAt'))}"
-    )
-    lines.append(f"input     {cell(run.get('input'))}")
-    if run.get("output") is not None:
-        lines.append(f"output    {cell(run['output'])}")
-    lines.extend(error_lines(run.get("error"), indent=""))
-    if (run.get("history") or {}).get("warning"):
-        lines.append(f"history   {run['history']['warning']}")
-    if run.get("logLines") or run.get("logsDropped"):
-        dropped = f", {run['logsDropped']} dropped past the cap" if run.get("logsDropped") else ""
-        lines.append(f"logs      {run.get('logLines', 0)} lines{dropped} (stepline runs logs ID)")
-    steps = run.get("steps")
-    if steps is not None:
-        lines.append("")
-        lines.append(f"steps ({len(steps)}):")
-        for s in steps:
-            lines.append(
-                f"  {s['name']:<20} {s['kind']:<8} {s['status']:<10} #{s['attempt']:<3}"
-                f" {when(s.get('startedAt'))}  {took(s.get('startedAt'), s.get('endedAt')):>7}"
-                f"  {step_detail(s)}".rstrip()
-            )
-            lines.extend(error_lines(s.get("error"), indent="    "))
-    return lines
-
-
-def timing(run: dict[str, Any]) -> str:
-    """A scheduled run's start lag and end-to-end time, and how it kept to its SLA."""
-    parts = []
-    if run.get("startLagMs") is not None:
-        parts.append(f"start lag {duration(run['startLagMs'] / 1000)}")
-    if run.get("e2eMs") is not None:
-        parts.append(f"end to end {duration(run['e2eMs'] / 1000)}")
-    if run.get("slaMs") is not None:
-        verdict = {True: "BREACHED", False: "met", None: "-"}[run.get("slaBreached")]
-        parts.append(f"SLA {duration(run['slaMs'] / 1000)} {verdict}")
-    return ", ".join(parts)
-
-
-def log_line(line: dict[str, Any]) -> str:
-    """One run log line: time, level, step, message and its fields."""
-    parts = [when(line.get("at")), f"{line['level'].upper():<7}", line.get("stepName") or "-"]
-    parts.append(str(line.get("message", "")).replace("\n", "\n    "))
-    if line.get("fields"):
-        parts.append(cell(line["fields"]))
-    return "  ".join(parts)
-
-
-def event_line(event: dict[str, Any]) -> str:
-    """One history event on one line: seq, time, type, step, and what it carries."""
-    parts = [f"{event['seq']:>4}", when(event.get("at")), f"{event['type']:<20}"]
-    parts.append(event.get("stepName") or "-")
-    extra = []
-    if "httpStatus" in event:
-        extra.append(f"http {event['httpStatus']}")
-    if "durationMs" in event:
-        extra.append(f"{event['durationMs']}ms")
-    if "deploymentId" in event:
-        extra.append(f"deployment {event['deploymentId']}")
-    if event.get("data") is not None:
-        extra.append(cell(event["data"]))
-    return "  ".join(parts + extra)
+__all__ = [
+    "as_json",
+    "cell",
+    "duration",
+    "error_lines",
+    "event_line",
+    "log_line",
+    "run_lines",
+    "step_detail",
+    "table",
+    "timing",
+    "took",
+    "when",
+]

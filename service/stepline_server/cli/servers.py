@@ -25,6 +25,14 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Tell the app first (the orchestrator ends its long polls), then shut down: a
+        request still waiting would hold the exit up until it ended."""
+        hook = getattr(self.config.app, "on_shutdown", None)
+        if callable(hook):
+            hook()
+        await super().shutdown(sockets)
+
 
 def server(app: Any, host: str, port: int, *, log_level: str = "warning") -> Server:
     config = uvicorn.Config(

@@ -1,12 +1,15 @@
-"""``stepline projects``, ``environments`` and ``keys``: straight on the database, beside a
-running orchestrator (which they never stop), so the first keys can be made."""
+"""``stepline projects``, ``environments`` and ``keys`` on the database, beside a running
+orchestrator (which they never stop), so the first keys can be made (their arguments:
+:mod:`stepline._cli_tenancy`, which also runs them over REST)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from stepline_server.settings import Settings
 from stepline_server.store import db, keys
@@ -50,39 +53,6 @@ async def _environment(conn: Conn, project: Record, name: str) -> Record:
     return row
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``projects``, ``environments`` and ``keys`` subcommands."""
-    projects = sub.add_parser("projects", help="projects").add_subparsers(
-        dest="projects_command", required=True
-    )
-    create = projects.add_parser("create", help="make a project; prints an admin key for it")
-    create.add_argument("name")
-    projects.add_parser("list", help="list the projects")
-
-    envs = sub.add_parser("environments", help="environments of a project").add_subparsers(
-        dest="environments_command", required=True
-    )
-    for name in ("create", "list"):
-        cmd = envs.add_parser(name, help=f"{name} environments")
-        if name == "create":
-            cmd.add_argument("name")
-        cmd.add_argument("--project", help="the project [the default project]")
-
-    keys_cmd = sub.add_parser("keys", help="API keys").add_subparsers(
-        dest="keys_command", required=True
-    )
-    create = keys_cmd.add_parser("create", help="make an API key; the key is the last line")
-    create.add_argument("--name", default="cli", help="a name to remember the key by")
-    create.add_argument("--project", help="the project [the default project]")
-    create.add_argument("--environment", default="production", help="[production]")
-    create.add_argument("--role", choices=keys.ROLES, default="admin", help="[admin]")
-    listing = keys_cmd.add_parser("list", help="list the active keys of a project")
-    listing.add_argument("--project", help="the project [the default project]")
-    listing.add_argument("--environment", help="only this environment's keys")
-    revoke = keys_cmd.add_parser("revoke", help="revoke a key by its id")
-    revoke.add_argument("id")
-
-
 async def run(settings: Settings, args: argparse.Namespace) -> None:
     """Carry out a ``projects``, ``environments`` or ``keys`` command."""
     async with _connection(settings) as conn:
@@ -124,7 +94,7 @@ async def _environments(conn: Conn, args: argparse.Namespace) -> None:
 async def _keys(conn: Conn, args: argparse.Namespace) -> None:
     if args.keys_command == "create":
         project = await _project(conn, args.project)
-        env = await _environment(conn, project, args.environment)
+        env = await _environment(conn, project, args.environment or "production")
         _, key = await keys.insert_key(conn, args.name, env["id"], args.role)
         print(
             f"API key {args.name!r} ({args.role}) for {project['name']}/{env['name']} (shown once):"
@@ -147,3 +117,30 @@ async def _keys(conn: Conn, args: argparse.Namespace) -> None:
         if not await keys.revoke_key(conn, key_id, None):
             raise UsageError(f"no active key with id {args.id}")
         print(f"revoked key {key_id}")
+
+
+DEV_KEY_FILE = "dev-key"
+"""Where ``stepline dev`` keeps its admin key, in the data folder (readable by its owner only)."""
+
+
+async def dev_key(conn: Conn, data_dir: Path) -> str:
+    """The admin key ``stepline dev`` prints: the one it made before, while that key is still
+    active on this database, else a new one (named "dev"), remembered for the next start."""
+    path = data_dir / DEV_KEY_FILE
+    try:
+        kept = path.read_text().strip()
+    except OSError:
+        kept = ""
+    row = await keys.find_key(conn, kept) if kept else None
+    if (
+        row is not None
+        and row["role"] == "admin"
+        and row["environment_id"] == keys.DEFAULT_ENVIRONMENT
+    ):
+        return kept
+    key = await keys.create_key(conn, "dev")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key

@@ -44,3 +44,18 @@ def registration_problem(kind: str, url: str | None) -> tuple[str, str] | None:
     if kind == "pull" and url is not None:
         return "url", "a pull app has no URL: its workers poll the orchestrator"
     return None
+
+
+MAX_WORKER_NAME = 100
+
+
+def worker_name(header: str | None, client: tuple[str, int] | None) -> str:
+    """Who sent a pull app's answer, for the invocation's ``request``: the name its worker gave
+    (printable, at most 100 characters), else the address it came from."""
+    if header:
+        name = "".join(ch for ch in header if ch.isprintable()).strip()[:MAX_WORKER_NAME]
+        if name:
+            return name
+    if client is not None:
+        return f"a worker at {client[0]}"
+    return "a worker"

@@ -55,11 +55,20 @@ def cancels_at_once(started_at: datetime | None, lease_token: str | None) -> boo
     return started_at is None and lease_token is None
 
 
-def check_retry(status: str) -> None:
-    """Raise unless the run is failed, cancelled or timed out."""
+def check_retry(status: str, from_step: str | None = None) -> None:
+    """Raise unless the run is failed, cancelled or timed out, or completed with ``from_step``
+    given (a reset: that step and those after it run again, the earlier ones replay)."""
+    if status == RunStatus.COMPLETED and from_step is not None:
+        return
+    if status == RunStatus.COMPLETED:
+        raise RuleError(
+            "a completed run can only be retried from a step (fromStep): its steps from there"
+            " on run again"
+        )
     if status not in RETRYABLE:
         raise RuleError(
-            f"only a failed, cancelled or timed-out run can be retried; this run is {status}"
+            "only a failed, cancelled or timed-out run can be retried (a completed one from a"
+            f" step); this run is {status}"
         )
 
 

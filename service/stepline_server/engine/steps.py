@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepline.protocol import Action, LogLine, StepKind, StepStatus, StepUpdate
-from stepline_server.engine import ids
+from stepline_server.engine import error_codes, ids
 from stepline_server.engine import logs as run_logs
 
 _NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
@@ -165,6 +165,7 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> 
     error = u.error.model_dump(exclude_none=True) if u.error else None
     if u.action in (Action.FAIL, Action.RETRY) and error is None:
         error = {"type": "Error", "message": "step failed"}
+    error = error_codes.with_code(error, error_codes.STEP_FAILED)
     if u.action in (Action.RETRY, Action.SLEEP) and u.delay_ms is None:
         raise InvalidUpdate(f"step {u.name!r}: {u.action} needs delayMs")
     if u.action is Action.EVENT and not u.event:

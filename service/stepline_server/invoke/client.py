@@ -43,6 +43,7 @@ class CallResult:
     response: BaseModel | None = None
     reason: str = ""
     retry_after: float | None = None  # seconds, from the answer's Retry-After
+    sent_bytes: int = 0  # the size of the signed body POSTed
 
 
 class AppCaller:
@@ -137,13 +138,18 @@ class AppCaller:
                 reason = "the app did not answer in time"
             else:
                 reason = f"could not reach the app ({exc})"
-            return CallResult(False, None, _ms(started), reason=reason)
+            return CallResult(False, None, _ms(started), reason=reason, sent_bytes=len(payload))
         took = _ms(started)
         if status >= 300:
             detail = sdk_error(content)
             reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
             return CallResult(
-                False, status, took, reason=reason, retry_after=parse_retry_after(retry_after)
+                False,
+                status,
+                took,
+                reason=reason,
+                retry_after=parse_retry_after(retry_after),
+                sent_bytes=len(payload),
             )
         try:
             parsed = model.model_validate_json(content)
@@ -157,8 +163,8 @@ class AppCaller:
                 f"the app answered HTTP {status} with a body that is not a "
                 f"valid {model.__name__} ({wrong[:QUOTE_CHARS]})"
             )
-            return CallResult(False, status, took, reason=reason)
-        return CallResult(True, status, took, parsed)
+            return CallResult(False, status, took, reason=reason, sent_bytes=len(payload))
+        return CallResult(True, status, took, parsed, sent_bytes=len(payload))
 
 
 def sdk_error(content: bytes) -> str | None:

@@ -55,7 +55,7 @@ class ProgressBatcher:
             if done is not None:
                 self._observe([item])
                 for child in item.plan.children:
-                    self.metrics.run_started(child.workflow, "invoke")
+                    self.metrics.run_started(child.workflow, "parent")
             return done
         if not self._queue and self._flushing < self.max_flushes:
             return await self._alone(item)  # nothing to group it with: no task, no hand-off

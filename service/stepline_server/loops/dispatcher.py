@@ -7,6 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
 from stepline_server import tracing
-from stepline_server.engine import history
+from stepline_server.engine import error_codes, history
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
@@ -26,7 +27,7 @@ from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.pollers import Pollers
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import db, dispatch, leases
+from stepline_server.store import apps, db, dispatch, leases
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
@@ -64,6 +65,7 @@ class Dispatcher:
         # before this monotonic time.
         self._not_before: dict[uuid.UUID, float] = {}
         self._early = 0  # of those, how many wait for their time now: they take no room
+        self._deployments: dict[uuid.UUID, str] = {}  # per app: the last it answered with
         self._timers: dict[uuid.UUID, list[float]] = {}  # due times (monotonic) of timers settled
         self._beginning = False
         self._told = 0.0
@@ -391,13 +393,17 @@ class Dispatcher:
         )
         for due in self._timers.pop(run_id, ()):
             self.metrics.timer_late(time.monotonic() - due)
+        self.observe_begun(claim, begun)
         with tracing.invocation(run_id, claim["workflow"], attempt) as trace_headers:
             result = await self.caller.invoke(
                 claim["app_url"], list(claim["app_secrets"]), body, trace_headers
             )
+        sent = f"POST {claim['app_url']} ({result.sent_bytes} bytes)"
         if result.ok:
             assert isinstance(result.response, InvokeResponse)
-            await self.answered(claim, result.response, result.http_status, result.duration_ms)
+            await self.answered(
+                claim, result.response, result.http_status, result.duration_ms, request=sent
+            )
             return
         outcome = self._failure(
             claim,
@@ -407,7 +413,11 @@ class Dispatcher:
             None,
             result.retry_after,
         )
-        await self._record(claim, Plan(), outcome)
+        await self._record(claim, Plan(), replace(outcome, request=sent))
+
+    def observe_begun(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> None:
+        """An invocation begun: its steps are labelled with the workflow in the metrics."""
+        self.metrics.invocation_began(claim["id"], claim["workflow"])
 
     async def time_out(self, claim: Mapping[str, Any]) -> None:
         """End a claimed run that went past its time limit (no app is called)."""
@@ -422,7 +432,9 @@ class Dispatcher:
                 conn, run_id, claim["lease_token"], rules.RunStatus.TIMED_OUT, None, error
             )
         if ended:
-            self.metrics.run_ended(claim["workflow"], rules.RunStatus.TIMED_OUT.value)
+            self.metrics.run_ended(
+                claim["workflow"], rules.RunStatus.TIMED_OUT.value, _age(claim.get("created_at"))
+            )
             tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
         log.info("run_timed_out")
 
@@ -432,9 +444,12 @@ class Dispatcher:
         response: InvokeResponse,
         http_status: int | None,
         duration_ms: int,
+        *,
+        request: str | None = None,
     ) -> bool:
         """Record the app's answer to the invocation of ``claim`` (over HTTP, or from a pull
-        app's worker); whether it was recorded (False: stale, the lease was lost)."""
+        app's worker; ``request`` says what was sent, for the history); whether it was recorded
+        (False: stale, the lease was lost)."""
         if response.status is InvokeStatus.STALE:
             log.info("invocation_stale")
             return False
@@ -457,16 +472,29 @@ class Dispatcher:
                 duration_ms,
                 response.deployment_id,
             )
-        return await self._record(claim, plan or Plan(), outcome)
+        await self._app_answered(claim, response.deployment_id)
+        return await self._record(claim, plan or Plan(), replace(outcome, request=request))
+
+    async def _app_answered(self, claim: Mapping[str, Any], deployment_id: str | None) -> None:
+        """Remember the deployment an app answered with, as the one its next invocations
+        expect (``invocation.started`` carries it); a statement only when it changed."""
+        app_id = claim.get("app_id")
+        if not deployment_id or app_id is None or self._deployments.get(app_id) == deployment_id:
+            return
+        async with self.pool.acquire() as conn:
+            await apps.answered_with(conn, app_id, deployment_id)
+        self._deployments[app_id] = deployment_id
 
     async def _record(
         self, claim: Mapping[str, Any], plan: Plan, outcome: dispatch.Outcome
     ) -> bool:
         run_id: uuid.UUID = claim["id"]
         ok = await self._finish(run_id, claim["lease_token"], claim["invocation_id"], plan, outcome)
-        self.metrics.invocation_ended(outcome.status, outcome.duration_ms)
+        self.metrics.invocation_ended(
+            outcome.status, outcome.duration_ms, claim["workflow"], run_id
+        )
         if ok and outcome.status in _RUN_ENDS:
-            self.metrics.run_ended(claim["workflow"], outcome.status)
+            self.metrics.run_ended(claim["workflow"], outcome.status, _age(claim.get("created_at")))
             tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
         log.info(
             "invocation_ended",
@@ -573,6 +601,11 @@ class Slot:
             self._dispatcher.wake()
 
 
+def _age(created_at: datetime | None) -> float | None:
+    """Seconds since ``created_at`` (a run's creation), for the run-duration histogram."""
+    return None if created_at is None else (datetime.now(UTC) - created_at).total_seconds()
+
+
 def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> dispatch.Outcome:
     status = response.status.value
     output, error = (
@@ -591,6 +624,7 @@ def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> di
         }
     if status == "failed" and error is None:
         error = {"type": "Error", "message": "the workflow failed"}
+    error = error_codes.with_code(error, error_codes.WORKFLOW_FAILED)
     return dispatch.Outcome(
         status=status,
         output=output,

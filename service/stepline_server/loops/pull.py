@@ -20,9 +20,9 @@ from stepline_server.store.db import Conn, Pool, Record
 log = structlog.get_logger("stepline.pull")
 
 
-async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
-    """Wait until ``a`` or ``b`` is set, at most ``timeout`` seconds."""
-    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+async def _first(timeout: float, *events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set, at most ``timeout`` seconds."""
+    waits = {asyncio.ensure_future(e.wait()) for e in events}
     try:
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -37,6 +37,12 @@ class PullInvocations:
         self.pool = pool
         self.dispatcher = dispatcher
         self.settings = dispatcher.settings
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """The orchestrator shuts down: polls waiting answer at once (with nothing), so that
+        a connected worker does not hold up the server's exit."""
+        self._closing.set()
 
     async def poll(
         self, app: Record, limit: int, wait: float, gone: asyncio.Event | None = None
@@ -50,7 +56,7 @@ class PullInvocations:
         gone = gone or asyncio.Event()
         async with self.pool.acquire() as conn:
             await pull.polled(conn, app_id)
-        while not gone.is_set():
+        while not gone.is_set() and not self._closing.is_set():
             with self.dispatcher.pollers.watch(app_id) as woken:
                 async with self.pool.acquire() as conn:
                     bodies = await self._claim(conn, app_id, limit)
@@ -63,7 +69,7 @@ class PullInvocations:
                 timeout = min(left, self.settings.poll_seconds)
                 if due_in is not None:
                     timeout = min(timeout, max(0.005, due_in))
-                await _first(woken, gone, timeout)
+                await _first(timeout, woken, gone, self._closing)
         return []
 
     async def _claim(self, conn: Conn, app_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
@@ -96,6 +102,7 @@ class PullInvocations:
                 continue  # its claim went stale before it began
             if await self.dispatcher.history_spent(row, run):
                 continue  # past the history limit: the run failed, no worker runs it
+            self.dispatcher.observe_begun(row, run)
             bodies.append(
                 invoke_body(
                     row,
@@ -116,14 +123,19 @@ class PullInvocations:
         invocation_id: uuid.UUID,
         response: InvokeResponse,
         duration_ms: int,
+        *,
+        worker: str = "a worker",
     ) -> bool:
-        """Record a worker's answer for the invocation holding ``lease``; False when the
-        lease is no longer the run's (another invocation owns it, or it ended)."""
+        """Record a worker's answer for the invocation holding ``lease`` (``worker`` names who
+        ran it); False when the lease is no longer the run's (another invocation owns it, or
+        it ended)."""
         async with self.pool.acquire() as conn:
             claim = await pull.leased(conn, run_id, lease)
         if claim is None or claim["invocation_id"] != invocation_id:
             return False
-        recorded = await self.dispatcher.answered(claim, response, None, duration_ms)
+        recorded = await self.dispatcher.answered(
+            claim, response, None, duration_ms, request=f"poll by {worker}"
+        )
         if (claim["options"] or {}).get("concurrency"):
             await self.dispatcher.release_held(claim)
         # Something may have woken the run while it ran (it is due again at once).

@@ -61,8 +61,11 @@ class Scheduler:
                 continue
             if fired is None:
                 break
-            started += fired[2]
-            self._metrics.run_started(fired[1], "schedule", fired[2])
+            _, workflow, ticks = fired
+            started += len(ticks)
+            self._metrics.run_started(workflow, "schedule", len(ticks))
+            for at in ticks:  # from the tick to its run's start
+                self._metrics.schedule_started(workflow, (now - at).total_seconds())
         if started:
             log.info("schedule_ticks_fired", runs=started)
             if self._on_started is not None:

@@ -146,3 +146,8 @@ async def workflows_page(
 
 async def workflow(conn: Conn, project_id: uuid.UUID, name: str) -> Record | None:
     return await conn.fetchrow(Q["get_workflow"], project_id, name)
+
+
+async def answered_with(conn: Conn, app_id: uuid.UUID, deployment_id: str) -> None:
+    """Record that the app answered an invocation as ``deployment_id``."""
+    await conn.execute(Q["app_answered_with"], app_id, deployment_id)

@@ -528,6 +528,7 @@ class Outcome:
     deployment_id: str | None = None
     retry_delay_ms: int | None = None  # delivery_failed: invoke again after this delay
     reason: str | None = None  # why the invocation failed, for the history
+    request: str | None = None  # what was sent: "POST <url> (<n> bytes)", "poll by <worker>"
 
 
 def ended_event(outcome: Outcome) -> dict[str, Any]:
@@ -535,6 +536,8 @@ def ended_event(outcome: Outcome) -> dict[str, Any]:
     data: dict[str, Any] = {"outcome": outcome.status}
     if outcome.reason:
         data["error"] = outcome.reason
+    if outcome.request:
+        data["request"] = outcome.request
     return {
         "type": "invocation.ended",
         "deployment_id": outcome.deployment_id,

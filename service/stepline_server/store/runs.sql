@@ -182,11 +182,12 @@ SELECT 1;
 
 -- name: run_invocations
 -- The invocations of run $1 (project $2) begun after history seq $3, in order, each with how
--- it ended (from its invocation.ended event; none yet while it runs), at most $4.
+-- it ended (from its invocation.ended event; none yet while it runs) and what was sent, at most
+-- $4.
 SELECT s.seq, s.invocation_id AS id, coalesce((s.data ->> 'attempt')::integer, 1) AS attempt,
        s.at AS started_at, e.at AS ended_at, e.duration_ms, e.data ->> 'outcome' AS outcome,
        e.http_status, coalesce(e.deployment_id, s.deployment_id) AS deployment_id,
-       e.data ->> 'error' AS error
+       e.data ->> 'error' AS error, e.data ->> 'request' AS request
 FROM run_events s
 LEFT JOIN LATERAL (
     SELECT x.* FROM run_events x

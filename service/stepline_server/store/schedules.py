@@ -175,10 +175,10 @@ async def trigger(
 
 async def fire_due(
     conn: Conn, now: datetime, grace: timedelta, cap: int, exclude: Sequence[str] = ()
-) -> tuple[str, str, int] | None:
+) -> tuple[str, str, list[datetime]] | None:
     """Plan and fire the due ticks of one due schedule not in ``exclude``: its id, its workflow
-    and the runs started; None when none is due (or every due one is held by another
-    scheduler)."""
+    and the ticks whose runs started; None when none is due (or every due one is held by
+    another scheduler)."""
     async with conn.transaction():
         row = await conn.fetchrow(Q["claim_due_schedule"], now, list(exclude))
         if row is None:
@@ -189,7 +189,9 @@ async def fire_due(
             raise TickFailed(row["id"]) from exc
 
 
-async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: int) -> int:
+async def _fire(
+    conn: Conn, row: Record, now: datetime, grace: timedelta, cap: int
+) -> list[datetime]:
     sid, version = row["id"], row["version"]
     plan = rules.plan_ticks(
         row["cron"],
@@ -211,7 +213,8 @@ async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: i
     if plan.fire and overlap is not rules.OverlapPolicy.ALLOW:
         active = await conn.fetchval(Q["count_active_schedule_runs"], sid)
     buffered: datetime | None = row["buffered_tick_at"]
-    started, last_fired = 0, None
+    started: list[datetime] = []
+    last_fired = None
     for tick in plan.fire:
         if not registered:
             await _record(conn, sid, tick, version, "skipped", NO_WORKFLOW)
@@ -222,7 +225,8 @@ async def _fire(conn: Conn, row: Record, now: datetime, grace: timedelta, cap: i
             reason = MISFIRE if tick < now - grace else None
             if await _record(conn, sid, tick, version, "fired", reason, run_id):
                 await runs.insert(conn, _new_run(row, run_id, tick, "schedule"))
-                active, started, last_fired = active + 1, started + 1, tick
+                active, last_fired = active + 1, tick
+                started.append(tick)
         elif decision is rules.OverlapDecision.BUFFER:
             if await _record(conn, sid, tick, version, "buffered", OVERLAP):
                 buffered = tick

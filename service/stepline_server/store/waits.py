@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncpg import UniqueViolationError
@@ -77,6 +77,7 @@ class Sent:
     matched: list[uuid.UUID]
     started: list[uuid.UUID]
     repeated: bool = False
+    started_workflows: list[str] = field(default_factory=list)  # of ``started``, in order
 
 
 async def send_event(
@@ -108,6 +109,7 @@ async def send_event(
         rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data)
         matched = [row["id"] for row in rows]
         started: list[uuid.UUID] = []
+        workflows: list[str] = []
         for wf in await conn.fetch(Q["event_workflows"], project_id, name):
             new = runs.NewRun(
                 event_run_id(event_id, wf["name"]), project_id, wf["name"], data,
@@ -115,9 +117,10 @@ async def send_event(
             )  # fmt: skip
             if await runs.insert(conn, new, notify=notify) is not None:
                 started.append(new.id)
+                workflows.append(wf["name"])
         answer = {"matched": [str(r) for r in matched], "started": [str(r) for r in started]}
         await conn.execute(Q["set_event_answer"], event_id, answer)
-    return event_id, Sent(matched, started)
+    return event_id, Sent(matched, started, started_workflows=workflows)
 
 
 async def cancel(
@@ -148,9 +151,10 @@ async def retry(
     by: str | None = None,
 ) -> Record | None:
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
-    one (and before ``from_step``, if given); its trigger becomes ``retry``. ``by`` names who
-    asked in its ``run.retried`` event (``data.by``: a bulk operation). RuleError when its
-    state does not allow it, or another run holds its singleton key."""
+    one (and before ``from_step``, if given: a completed run may be reset so); its trigger
+    becomes ``retry``. The API, the dashboard and bulk operations all retry through here.
+    ``by`` names who asked in its ``run.retried`` event (``data.by``: a bulk operation).
+    RuleError when its state does not allow it, or another run holds its singleton key."""
     try:
         return await _retry(conn, project_id, run_id, from_step, by)
     except UniqueViolationError:  # another retry took the singleton key at the same moment
@@ -165,7 +169,7 @@ async def _retry(
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
         if run is None:
             return None
-        rules.check_retry(run["status"])
+        rules.check_retry(run["status"], from_step)
         position = None
         if from_step is not None:
             position = await conn.fetchval(Q["step_position"], run_id, from_step)

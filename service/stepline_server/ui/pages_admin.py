@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from stepline_server import appsync, serialize
+from stepline_server import actions, appsync, serialize
 from stepline_server.engine import access
-from stepline_server.store import apps, keys, pause, schedules, waits
+from stepline_server.store import apps, keys, pause, schedules
 from stepline_server.store.db import Record
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
@@ -94,7 +94,7 @@ async def change_schedule(r: Req) -> Response:
     async with r.orch.pool.acquire() as conn:
         try:
             if action == "trigger":
-                run = await schedules.trigger(conn, r.pid, sid, now)
+                run = await actions.trigger_schedule(r.orch, conn, r.pid, sid, now)
                 if run is None:
                     return r.back("/ui/schedules", "There is no such schedule.")
                 r.orch.dispatcher.wake()
@@ -124,7 +124,7 @@ async def send_event(r: Req) -> Response:
     except ValueError as exc:
         return r.back("/ui/events", f"Not sent: the data must be JSON ({exc}).")
     async with r.orch.pool.acquire() as conn:
-        _, sent = await waits.send_event(conn, r.pid, name, data)
+        _, sent = await actions.send_event(r.orch, conn, r.pid, name, data)
     if sent.matched or sent.started:
         r.orch.dispatcher.wake()
     return r.back(

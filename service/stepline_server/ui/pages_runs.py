@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import reads, serialize
+from stepline_server import actions, reads, serialize
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, keys, runs, waits
 from stepline_server.ui import timeline
@@ -196,7 +196,7 @@ async def retry(r: Req) -> Response:
     from_step = r.form.get("fromStep") or None
     async with r.orch.pool.acquire() as conn:
         try:
-            row = await waits.retry(conn, r.pid, uuid.UUID(run_id), from_step)
+            row = await actions.retry_run(r.orch, conn, r.pid, uuid.UUID(run_id), from_step)
         except (rules.RuleError, ValueError) as exc:
             return r.back(f"/ui/runs/{run_id}", f"Not retried: {exc}")
     if row is None:

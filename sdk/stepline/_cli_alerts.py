@@ -7,9 +7,10 @@ import argparse
 import time
 from typing import TextIO
 
-import stepline
-from stepline_server.cli import output
-from stepline_server.cli.operate import Command, UsageError, _common
+from stepline import _cli_output as output
+from stepline._cli_operate import common_arguments
+from stepline._cli_runs import Command, UsageError
+from stepline._client import Client
 
 TYPES = (
     "run.failed",
@@ -22,7 +23,7 @@ TYPES = (
 TEST_WAIT_SECONDS = 15.0
 
 
-def alerts_create(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def alerts_create(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     if (a.webhook is None) == (a.slack is None):
         raise UsageError("alerts create: give --webhook URL or --slack URL (one of them)")
     kind, url = ("webhook", a.webhook) if a.webhook is not None else ("slack", a.slack)
@@ -39,7 +40,7 @@ def alerts_create(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: T
         )
 
 
-def alerts_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def alerts_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     page = c.list_alerts(limit=a.limit)
     if a.json:
         return output.as_json(page, out)
@@ -57,7 +58,7 @@ def alerts_list(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: Tex
     output.table(["ID", "NAME", "ON", "WORKFLOW", "TYPE", "URL"], rows, out)
 
 
-def alerts_test(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def alerts_test(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     """Send an alert.test notification and wait (a little) for its first attempt."""
     sent = c.test_alert(a.id)
     delivery = sent
@@ -80,14 +81,14 @@ def _outcome(d: dict[str, object]) -> str:
     return f"{d['status']} after {tries}, last: {d['lastError']} (tried again with backoff)"
 
 
-def alerts_delete(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def alerts_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     c.delete_alert(a.id)
     if a.json:
         return output.as_json({"id": a.id, "deleted": True}, out)
     out.write(f"alert {a.id} deleted\n")
 
 
-def alerts_deliveries(c: stepline.Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def alerts_deliveries(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     page = c.list_alert_deliveries(a.id, limit=a.limit)
     if a.json:
         return output.as_json(page, out)
@@ -110,7 +111,7 @@ def alerts_deliveries(c: stepline.Client, a: argparse.Namespace, out: TextIO, er
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``alerts`` to the CLI."""
-    common = _common()
+    common = common_arguments()
     group = sub.add_parser("alerts", help="alerts (admin key): create, list, test, delete")
     g = group.add_subparsers(dest="alerts_command", required=True)
 

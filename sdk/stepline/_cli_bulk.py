@@ -3,8 +3,8 @@ running`` and ``stepline runs retry --status failed [--from-step S]``.
 
 The count comes first (a dry run); without ``--yes`` the command asks before acting and
 refuses when there is no one to ask (no standard input). Once the operation is made, a progress
-bar (tqdm, on standard error) follows it until it ends; Ctrl-C stops following, not the
-operation (``stepline operations cancel ID`` stops it).
+bar (tqdm, on standard error, when installed; else a line per change) follows it until it ends;
+Ctrl-C stops following, not the operation (``stepline operations cancel ID`` stops it).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import argparse
 import time
 from typing import Any, TextIO
 
-from tqdm import tqdm
+from stepline import _cli_output as output
+from stepline._client import Client
 
-import stepline
-from stepline_server.cli import output
+try:  # the bar is drawn by tqdm when it is installed (the server extra has it)
+    from tqdm import tqdm
+except ImportError:  # pragma: no cover - an SDK-only install without it prints lines instead
+    tqdm = None
 
 FOLLOW_SECONDS = 0.5
 FILTER_FLAGS = (
@@ -83,7 +86,7 @@ def _confirm(question: str, stdin: TextIO | None, err: TextIO) -> bool:
 
 
 def run_bulk(
-    c: stepline.Client,
+    c: Client,
     a: argparse.Namespace,
     action: str,
     out: TextIO,
@@ -127,21 +130,30 @@ def run_bulk(
     return 0 if op["status"] == "completed" and op["failed"] == 0 else 1
 
 
-def follow(c: stepline.Client, op: dict[str, Any], err: TextIO, *, bar: bool) -> dict[str, Any]:
+def follow(c: Client, op: dict[str, Any], err: TextIO, *, bar: bool) -> dict[str, Any]:
     """Poll the operation until it ends, drawing its progress; the operation as it ended."""
-    progress = tqdm(
-        total=op["matched"],
-        desc=f"operation {op['id'][:8]}",
-        unit="run",
-        file=err,
-        disable=not bar,
-        dynamic_ncols=True,
+    progress = (
+        tqdm(
+            total=op["matched"],
+            desc=f"operation {op['id'][:8]}",
+            unit="run",
+            file=err,
+            disable=not bar,
+            dynamic_ncols=True,
+        )
+        if tqdm is not None
+        else None
     )
+    shown = -1
     try:
         while True:
             done = op["succeeded"] + op["failed"] + op["skipped"]
-            progress.update(done - progress.n)
-            progress.set_postfix(failed=op["failed"], skipped=op["skipped"], refresh=False)
+            if progress is not None:
+                progress.update(done - progress.n)
+                progress.set_postfix(failed=op["failed"], skipped=op["skipped"], refresh=False)
+            elif bar and done != shown:
+                err.write(f"operation {op['id'][:8]}: {done}/{op['matched']} runs\n")
+                shown = done
             if op["status"] != "running":
                 return op
             time.sleep(FOLLOW_SECONDS)
@@ -153,7 +165,8 @@ def follow(c: stepline.Client, op: dict[str, Any], err: TextIO, *, bar: bool) ->
         )
         raise
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
 
 
 def summary(op: dict[str, Any]) -> str:
