@@ -9,7 +9,9 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Scope
 
+from stepline_server import params
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
@@ -23,6 +25,7 @@ from stepline_server.api.auth import KeyCache
 from stepline_server.api.body_timeout import BodyTimeout
 from stepline_server.api.errors import (
     ApiError,
+    error_response,
     handle_api_error,
     handle_http_exception,
     handle_unexpected,
@@ -83,6 +86,16 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/keys", tenancy.create_key, methods=["POST"]),
     Route("/v1/keys/{keyId}", tenancy.revoke_key, methods=["DELETE"]),
 ]
+
+
+async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
+    """A request whose path or query parameters cannot be used, in the API's error shape."""
+    error = ApiError(refusal.message, refusal.details)
+    error.code, error.status = refusal.code, refusal.status
+    return error_response(error)
+
+
+params.guard(ROUTES, _refused)
 
 
 def route_table() -> list[tuple[str, set[str]]]:

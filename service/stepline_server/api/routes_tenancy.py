@@ -12,7 +12,7 @@ from stepline_server import serialize
 from stepline_server.api import auth
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import InvalidState, NotFound
-from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.responses import json_response, read_model, refuse_body
 from stepline_server.store import keys
 
 _ENV_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -86,6 +86,7 @@ async def revoke_key(request: Request) -> Response:
     """Revoke a key of the caller's environment: refused on every orchestrator within 1 s."""
     ctx = await auth.require_admin(request)
     key_id = path_uuid(request, "keyId", "key")
+    await refuse_body(request)
     async with orch(request).pool.acquire() as conn:
         revoked = await keys.revoke_key(conn, key_id, ctx.environment_id)
     if not revoked:

@@ -11,8 +11,10 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stepline_server import params
 from stepline_server.ui import pages_admin as admin
 from stepline_server.ui import pages_runs as runs
+from stepline_server.ui import render
 from stepline_server.ui.web import Shared, endpoint
 
 STATIC = Path(__file__).parent / "static"
@@ -84,7 +86,15 @@ def dashboard(state: State) -> ASGIApp:
         Route("/keys/{keyId}/revoke", endpoint(s, admin.revoke_key, **w), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC)),
     ]
+    params.guard(routes, _refused)
     return SecurityHeaders(Starlette(routes=routes))
+
+
+async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
+    """A dashboard request whose path or query parameters cannot be used: an error page."""
+    title = "Not found" if refusal.status == 404 else "Refused"
+    message = refusal.message[:1].upper() + refusal.message[1:] + "."
+    return render.page("error.html", refusal.status, title=title, message=message)
 
 
 async def _to_dashboard(request: object) -> Response:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from stepline_server import appsync, serialize
+from stepline_server import appsync, payloads, serialize
 from stepline_server.engine import access
 from stepline_server.store import apps, keys, schedules, waits
 from stepline_server.store.db import Record
@@ -90,9 +89,9 @@ async def send_event(r: Req) -> Response:
     if not 1 <= len(name) <= 256:
         return r.back("/ui/events", "Not sent: an event needs a name (at most 256 characters).")
     try:
-        data = json.loads(r.form.get("data") or "null")
-    except ValueError as exc:
-        return r.back("/ui/events", f"Not sent: the data must be JSON ({exc}).")
+        data = payloads.parse_text(r.form.get("data") or "null", what="the data")
+    except payloads.BadPayload as exc:
+        return r.back("/ui/events", f"Not sent: {exc.message}.")
     async with r.orch.pool.acquire() as conn:
         _, sent = await waits.send_event(conn, r.pid, name, data)
     if sent.matched or sent.started:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import uuid
 from datetime import UTC, datetime
@@ -11,7 +10,7 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import reads, serialize
+from stepline_server import payloads, reads, serialize
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, keys, runs, waits
 from stepline_server.ui import timeline
@@ -210,11 +209,11 @@ async def complete_callback(r: Req) -> Response:
     back = r.form.get("back", "/ui/runs")
     if not back.startswith("/ui/"):
         back = "/ui/runs"
+    cid = uuid.UUID(r.request.path_params["callbackId"])  # checked before (params.py)
     try:
-        cid = uuid.UUID(r.request.path_params["callbackId"])
-        body = json.loads(r.form.get("body") or "null")
-    except ValueError as exc:
-        return r.back(back, f"Not completed: the body must be JSON ({exc}).")
+        body = payloads.parse_text(r.form.get("body") or "null", what="the body")
+    except payloads.BadPayload as exc:
+        return r.back(back, f"Not completed: {exc.message}.")
     async with r.orch.pool.acquire() as conn:
         done = await waits.complete_callback(conn, cid, r.pid, body)
     if done.callback is None:

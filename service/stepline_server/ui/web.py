@@ -93,6 +93,15 @@ async def _form(request: Request) -> dict[str, str] | None:
     return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
 
 
+def _form_problem(form: dict[str, str]) -> str | None:
+    """Why a form's fields cannot be used (a NUL character, which PostgreSQL cannot store),
+    or None; JSON fields are checked where they are read (:mod:`stepline_server.payloads`)."""
+    for name, value in form.items():
+        if "\x00" in name or "\x00" in value:
+            return f"The field {name[:64]!r} holds a NUL character, which cannot be stored."
+    return None
+
+
 def endpoint(
     shared: Shared, handler: Handler, *, public: bool = False, write: bool = False
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -135,6 +144,9 @@ async def _guarded(req: Req, handler: Handler, *, public: bool, write: bool) -> 
                 message="This form is out of date or was not sent by this dashboard (its CSRF"
                 " token does not match). Reload the page and try again.",
             )
+        problem = _form_problem(form)
+        if problem is not None:
+            return req.page("error.html", 422, title="Refused", message=problem)
         req.form = form
         if write and (req.viewer is None or not permissions.can_write(req.viewer)):
             return req.page(
