@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Scope
 
-from stepline_server import params
+from stepline_server import authlimits, params
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_protocol as protocol
@@ -31,6 +31,7 @@ from stepline_server.api.errors import (
     handle_unexpected,
 )
 from stepline_server.api.routes_protocol import ProgressFastPath
+from stepline_server.authlimits import AuthFailures
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.ui import app as ui
 
@@ -115,7 +116,14 @@ def build_app(orchestrator: Orchestrator) -> BodyTimeout:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await orchestrator.start()
         app.state.orchestrator = orchestrator
-        app.state.keys = KeyCache(orchestrator.pool, orchestrator.settings.auth_failure_limit)
+        s = orchestrator.settings
+        app.state.auth_failures = AuthFailures(
+            s.auth_failure_limit,
+            s.auth_failure_budget,
+            s.auth_failure_delay_seconds,
+            authlimits.parse_proxies(s.trusted_proxies),
+        )
+        app.state.keys = KeyCache(orchestrator.pool, app.state.auth_failures)
         try:
             yield
         finally:

@@ -69,7 +69,7 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             elif row["url"] != app_url:
                 row = await apps.update(conn, keys.DEFAULT_PROJECT, row["id"], app_url, None)
             assert row is not None
-            key = await keys.create_key(conn, "dev")
+            key = await keys.create_key(conn, "dev", role="owner")
         sl.signing_secrets = tuple(row["signing_secrets"])
         app_task = asyncio.create_task(user_app.serve())
         await _started(user_app, app_task)

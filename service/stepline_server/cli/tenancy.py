@@ -55,7 +55,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     projects = sub.add_parser("projects", help="projects").add_subparsers(
         dest="projects_command", required=True
     )
-    create = projects.add_parser("create", help="make a project; prints an admin key for it")
+    create = projects.add_parser("create", help="make a project; prints an owner key for it")
     create.add_argument("name")
     projects.add_parser("list", help="list the projects")
 
@@ -103,9 +103,9 @@ async def _projects(conn: Conn, args: argparse.Namespace) -> None:
     if project is None:
         raise UsageError(f"a project named {args.name!r} exists already")
     env = await _environment(conn, project, "production")
-    _, key = await keys.insert_key(conn, "admin", env["id"], "admin")
+    _, key = await keys.insert_key(conn, "owner", env["id"], "owner")
     print(f"project {args.name!r} ({project['id']}): environments {', '.join(keys.ENVIRONMENTS)}")
-    print("admin API key for its production environment (shown once):")
+    print("owner API key (every environment; it sees production) (shown once):")
     print(key)
 
 

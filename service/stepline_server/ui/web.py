@@ -113,11 +113,11 @@ def endpoint(
         sessions = await shared.sessions()
         session = sessions.load(request)
         viewer = None
-        if session.key_hash is not None:
+        if session.session_id is not None:
             async with shared.orch.pool.acquire() as conn:
-                viewer = await permissions.viewer_of(conn, session.key_hash)
-            if viewer is None:
-                session.key_hash, session.changed = None, True
+                viewer = await permissions.viewer_of(conn, session.session_id)
+            if viewer is None:  # signed out elsewhere, expired, or the key was revoked
+                session.renew(None)
         req = Req(request, shared, session, viewer, {})
         response = await _guarded(req, handler, public=public, write=write)
         sessions.save(request, session, response)
