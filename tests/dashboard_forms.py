@@ -3,8 +3,11 @@ cookie, the page's CSRF token in every form, redirects followed to the page a pe
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import re
+import zlib
 from typing import Any
 
 import httpx
@@ -51,3 +54,13 @@ class Dashboard:
         """The message the page shows after an action ("" when none)."""
         found = _FLASH.search(page.text)
         return html.unescape(found.group(1)) if found else ""
+
+
+def cookie_payload(value: str) -> Any:
+    """What a signed (not encrypted) itsdangerous cookie says: ``payload.time.signature``, the
+    payload base64 JSON, zlib-compressed when it starts with a dot."""
+    value = value.strip('"')
+    compressed = value.startswith(".")
+    data = value.lstrip(".").split(".")[0]
+    raw = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
+    return json.loads(zlib.decompress(raw) if compressed else raw)

@@ -4,22 +4,19 @@ shown once in the page and never travels in a cookie."""
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
 import httpx
 
 from stepline_server.store import keys
-from tests.dashboard_forms import Dashboard
+from tests.dashboard_forms import Dashboard, cookie_payload
 from tests.support import Stack, orchestrator_stack
 
 
 def _cookie_payload(value: str) -> dict[str, Any]:
     """What the signed (not encrypted) cookie says, as anyone holding it can read."""
-    data = value.strip('"').split(".")[0]  # payload.timestamp.signature, never compressed here
-    raw = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
-    payload: dict[str, Any] = json.loads(raw)
+    payload: dict[str, Any] = cookie_payload(value)
     return payload
 
 
