@@ -13,6 +13,7 @@ import httpx
 import stepline
 from tests.dashboard_forms import Dashboard
 from tests.e2e.test_durable_waits import step_in, step_of
+from tests.e2e.test_openapi_responses import check
 from tests.support import app_server, orchestrator_stack
 
 
@@ -56,23 +57,35 @@ async def test_nul_in_a_path_or_query_parameter_is_refused_on_every_route(
     async with orchestrator_stack(database_url) as stack:
         auth = {"authorization": f"Bearer {stack.api_key}"}
         async with httpx.AsyncClient(base_url=stack.url, headers=auth) as http:
-            for path in ["/v1/runs?workflow=a%00b", "/v1/runs?runKey=%00", "/v1/apps?x%00=1"]:
+            for path, template in [
+                ("/v1/runs?workflow=a%00b", "/v1/runs"),
+                ("/v1/runs?runKey=%00", "/v1/runs"),
+                ("/v1/apps?x%00=1", "/v1/apps"),
+                ("/healthz?probe=%00", "/healthz"),
+            ]:
                 answer = await http.get(path)
                 assert answer.status_code == 422, (path, answer.text)
+                check("GET", template, answer)  # a status openapi.yaml documents
                 assert answer.json()["error"]["code"] == "validation_failed"
                 assert answer.json()["error"]["details"]["fields"], answer.text
-            for method, path in [
-                ("GET", "/v1/apps/a%00b"),
-                ("POST", "/v1/apps/a%00b/sync"),
-                ("GET", "/v1/runs/not-a-run-id"),
-                ("GET", "/v1/schedules/wfs_%00"),
-                ("POST", "/v1/schedules/nope/pause"),
-                ("GET", "/v1/callbacks/%00"),
-                ("DELETE", "/v1/keys/%00"),
+            for method, path, template in [
+                ("GET", "/v1/apps/a%00b", "/v1/apps/{app}"),
+                ("POST", "/v1/apps/a%00b/sync", "/v1/apps/{app}/sync"),
+                ("GET", "/v1/runs/not-a-run-id", "/v1/runs/{runId}"),
+                ("GET", "/v1/schedules/wfs_%00", "/v1/schedules/{scheduleId}"),
+                ("POST", "/v1/schedules/nope/pause", "/v1/schedules/{scheduleId}/pause"),
+                ("GET", "/v1/callbacks/%00", "/v1/callbacks/{callbackId}"),
+                ("DELETE", "/v1/keys/%00", "/v1/keys/{keyId}"),
+                (
+                    "POST",
+                    "/v1/invocations/%00/heartbeat",
+                    "/v1/invocations/{invocationId}/heartbeat",
+                ),
             ]:
                 answer = await http.request(method, path)
                 assert answer.status_code == 404, (path, answer.text)
                 assert answer.json()["error"]["code"] == "not_found", answer.text
+                check(method, template, answer)
         async with Dashboard(stack.url) as ui:
             await ui.sign_in(stack.api_key)
             for path in [
@@ -151,19 +164,21 @@ async def test_routes_that_take_no_body_refuse_one(database_url: str) -> None:
         auth = {"authorization": f"Bearer {stack.api_key}"}
         body = b'{"please": "ignore me"}'
         async with httpx.AsyncClient(base_url=stack.url, headers=auth) as http:
-            for method, path in [
-                ("POST", f"/v1/runs/{run['id']}/cancel"),
-                ("POST", f"/v1/apps/{slug}/sync"),
-                ("POST", f"/v1/apps/{slug}/rotate-secret"),
-                ("POST", f"/v1/schedules/{schedule['id']}/pause"),
-                ("POST", f"/v1/schedules/{schedule['id']}/resume"),
-                ("POST", f"/v1/schedules/{schedule['id']}/trigger"),
-                ("DELETE", f"/v1/schedules/{schedule['id']}"),
-                ("DELETE", f"/v1/apps/{slug}"),
+            sid = schedule["id"]
+            for method, path, template in [
+                ("POST", f"/v1/runs/{run['id']}/cancel", "/v1/runs/{runId}/cancel"),
+                ("POST", f"/v1/apps/{slug}/sync", "/v1/apps/{app}/sync"),
+                ("POST", f"/v1/apps/{slug}/rotate-secret", "/v1/apps/{app}/rotate-secret"),
+                ("POST", f"/v1/schedules/{sid}/pause", "/v1/schedules/{scheduleId}/pause"),
+                ("POST", f"/v1/schedules/{sid}/resume", "/v1/schedules/{scheduleId}/resume"),
+                ("POST", f"/v1/schedules/{sid}/trigger", "/v1/schedules/{scheduleId}/trigger"),
+                ("DELETE", f"/v1/schedules/{sid}", "/v1/schedules/{scheduleId}"),
+                ("DELETE", f"/v1/apps/{slug}", "/v1/apps/{app}"),
             ]:
                 answer = await http.request(method, path, content=body)
                 assert answer.status_code == 400, (path, answer.text)
                 assert answer.json()["error"]["code"] == "body_not_allowed", answer.text
+                check(method, template, answer)
             assert (await stack.client.get_run(run["id"]))["status"] == "running"
             assert (await stack.client.get_schedule(schedule["id"]))["status"] == "active"
             assert (await http.get(f"/v1/apps/{slug}")).status_code == 200

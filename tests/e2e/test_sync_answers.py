@@ -10,6 +10,7 @@ import httpx
 
 import stepline
 from tests.e2e.test_egress import _store, internal_service
+from tests.e2e.test_openapi_responses import check
 from tests.support import app_server, orchestrator_stack, serve
 
 
@@ -35,6 +36,7 @@ async def test_a_url_at_another_service_gets_its_status_and_a_fixed_sentence(
                 slug = await _store(stack, name, url)
                 answer = await http.post(f"/v1/apps/{slug}/sync")
                 assert answer.status_code == 502, answer.text
+                check("POST", "/v1/apps/{app}/sync", answer)  # documented: app_unreachable
                 message = answer.json()["error"]["message"]
                 assert f"HTTP {status} with an answer that is not the Stepline SDK's" in message
                 for quoted in ("API key", "not allowed", "hunter2", "leak", "unauthorized"):
