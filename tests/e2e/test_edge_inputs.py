@@ -204,3 +204,15 @@ async def test_progress_with_a_bad_token_is_refused_before_its_body_arrives(
         status = await asyncio.wait_for(reader.readline(), 10)
         assert status.startswith(b"HTTP/1.1 401"), status
         writer.close()
+
+
+async def test_a_dashboard_path_with_no_page_answers_a_page(database_url: str) -> None:
+    """A path under /ui/ that no page serves (a run id ending in a newline, found by fuzzing)
+    is a 404 page in HTML like the dashboard's others, not plain text."""
+    async with orchestrator_stack(database_url) as stack, Dashboard(stack.url) as ui:
+        await ui.sign_in(stack.api_key)
+        for path in ["/ui/runs/abc%0A", "/ui/schedules/wfs_1/pause%0A", "/ui/nothing-here"]:
+            page = await ui.get(path)
+            assert page.status_code == 404, (path, page.text[:200])
+            assert page.headers["content-type"].startswith("text/html"), path
+            assert "Not found" in page.text

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders, State
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -87,7 +89,8 @@ def dashboard(state: State) -> ASGIApp:
         Mount("/static", app=StaticFiles(directory=STATIC)),
     ]
     params.guard(routes, _refused)
-    return SecurityHeaders(Starlette(routes=routes))
+    handlers = {404: _no_page, 405: _no_page}
+    return SecurityHeaders(Starlette(routes=routes, exception_handlers=handlers))
 
 
 async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
@@ -95,6 +98,13 @@ async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
     title = "Not found" if refusal.status == 404 else "Refused"
     message = refusal.message[:1].upper() + refusal.message[1:] + "."
     return render.page("error.html", refusal.status, title=title, message=message)
+
+
+async def _no_page(request: Request, exc: Exception) -> Response:
+    """A dashboard path with no page (or not for this method): an error page, like others."""
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return render.page("error.html", 405, title="Refused", message="Not allowed here.")
+    return render.page("error.html", 404, title="Not found", message="There is no such page.")
 
 
 async def _to_dashboard(request: object) -> Response:
