@@ -47,8 +47,10 @@ else
 	exit $$status
 endif
 
-# Schemathesis over every operation of openapi.yaml against a live orchestrator on loopback, with
-# an admin key and without one (`make test` runs the same at 3 examples per operation). Deeper
+# Schemathesis over every operation of openapi.yaml and the dashboard's forms
+# (tests/e2e/dashboard_forms.yaml), stateful phase included, against a live orchestrator on
+# loopback, with an admin key (a signed-in session) and without one (`make test` runs the same
+# at 3 examples per operation). Deeper
 # here: FUZZ_EXAMPLES per operation, at most FUZZ_SECONDS per run, FUZZ_SEED for another draw.
 FUZZ_EXAMPLES ?= 100
 FUZZ_SECONDS ?= 900

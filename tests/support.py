@@ -34,7 +34,13 @@ async def serve(app: Any, port: int | None = None) -> AsyncIterator[str]:
     """Serve an ASGI app with uvicorn on 127.0.0.1; yields its base URL."""
     port = port or free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", loop="asyncio"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        loop="asyncio",
+        proxy_headers=False,  # as `stepline serve`: STEPLINE_TRUSTED_PROXIES decides
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -18,7 +18,7 @@ from stepline import _cli_output as output
 from stepline._cli_operate import DEFAULT_URL
 from stepline._client import ApiError, Client
 
-ROLES = ("admin", "write", "read")
+ROLES = ("owner", "admin", "write", "read")
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     projects = sub.add_parser("projects", help="projects").add_subparsers(
         dest="projects_command", required=True
     )
-    create = leaf(projects, "create", "make a project; prints an admin key for it (local only)")
+    create = leaf(projects, "create", "make a project; prints an owner key for it (local only)")
     create.add_argument("name")
     leaf(projects, "list", "list the projects (over REST: the key's)")
 

@@ -65,7 +65,10 @@ class Handler:
         except Exception:
             logger.exception("invocation_crashed")
             status, body = 500, _Reject(500, "internal", "the SDK handler failed").body()
-        headers = [(b"content-type", b"application/json")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (protocol.PROTOCOL_HEADER.encode(), str(protocol.PROTOCOL_VERSION).encode()),
+        ]
         if status == 405:
             headers.append((b"allow", b"GET, POST"))
         payload = b"" if scope.get("method") == "HEAD" else _json.dumps(body)

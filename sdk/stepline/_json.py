@@ -12,6 +12,7 @@ integers), so a result would depend on the environment.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import date, datetime, time
 from typing import Any
@@ -88,7 +89,8 @@ def payload_problem_at(value: Any) -> tuple[str, str] | None:
     cannot be stored and sent back unchanged, or None.
 
     PostgreSQL refuses NUL characters in text and ``jsonb``, and lone surrogates are not
-    UTF-8; encoders refuse deep nesting (the invocation body nests a value a few levels deeper
+    UTF-8; JSON has no NaN or Infinity (``1e400`` parses as one); encoders refuse deep
+    nesting (the invocation body nests a value a few levels deeper
     than it came) and integers past 64 bits. Walked without recursion, so any depth is safe.
     """
     stack: list[tuple[Any, int, str]] = [(value, 0, "")]
@@ -98,7 +100,10 @@ def payload_problem_at(value: Any) -> tuple[str, str] | None:
             problem = _text_problem(item)
             if problem:
                 return path, problem
-        elif isinstance(item, bool) or item is None or isinstance(item, float):
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return path, "numbers must be finite (no NaN or Infinity)"
+        elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int):
             if not MIN_INT <= item <= MAX_INT:

@@ -46,6 +46,11 @@ PROTOCOL_VERSION = 2
 OLDEST_PROTOCOL_VERSION = 1
 """The oldest protocol version the orchestrator still speaks."""
 
+PROTOCOL_HEADER = "stepline-protocol"
+"""Header on every answer of the SDK's handler (its protocol version): the orchestrator
+quotes an answer's error only when it carries this, so a URL pointing at another service
+never gets that service's answers reported back."""
+
 INLINE_RESULT_BYTES = 256 * 1024
 """Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
 MAX_RUN_LOG_LINES = 1000

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepline._durations import to_ms
+from stepline_server import authlimits
 from stepline_server.engine.egress import parse_networks
 
 
@@ -47,10 +48,15 @@ class Settings:
     # Schedules.
     scheduler_poll_seconds: float = 1.0
     misfire_grace_seconds: float = 60.0
-    # The edge: failed authentications a client address may make in a minute before it is
-    # answered 429, and the networks (CIDRs) app URLs may point to (empty: every address but
-    # link-local ones).
+    # The edge: failed authentications a client address may make in a minute before its
+    # failures are answered 429, those all addresses may make before every failure is slowed
+    # (held auth_failure_delay_seconds) and answered 429 (stepline_server.authlimits), the
+    # proxies (CIDRs) whose X-Forwarded-For names the client, and the networks (CIDRs) app URLs
+    # may point to (empty: every address but link-local ones).
     auth_failure_limit: int = 20
+    auth_failure_budget: int = 200
+    auth_failure_delay_seconds: float = 1.0
+    trusted_proxies: tuple[str, ...] = ()
     app_networks: tuple[str, ...] = ()
     # Bulk operations: runs acted on per batch, and the least rest between two batches.
     bulk_batch_size: int = 10
@@ -106,7 +112,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         misfire_grace_seconds=float(
             e.get("STEPLINE_MISFIRE_GRACE_SECONDS", s.misfire_grace_seconds)
         ),
-        auth_failure_limit=int(e.get("STEPLINE_AUTH_FAILURE_LIMIT", s.auth_failure_limit)),
+        auth_failure_limit=max(1, int(e.get("STEPLINE_AUTH_FAILURE_LIMIT", s.auth_failure_limit))),
+        auth_failure_budget=max(
+            1, int(e.get("STEPLINE_AUTH_FAILURE_BUDGET", s.auth_failure_budget))
+        ),
+        auth_failure_delay_seconds=_seconds(
+            e.get("STEPLINE_AUTH_FAILURE_DELAY"), s.auth_failure_delay_seconds
+        ),
+        trusted_proxies=_proxies(e.get("STEPLINE_TRUSTED_PROXIES", "")),
         app_networks=_networks(e.get("STEPLINE_APP_NETWORKS", "")),
         bulk_batch_size=max(1, int(e.get("STEPLINE_BULK_BATCH_SIZE", s.bulk_batch_size))),
         bulk_rest_seconds=float(e.get("STEPLINE_BULK_REST_SECONDS", s.bulk_rest_seconds)),
@@ -117,6 +130,14 @@ def _networks(raw: str) -> tuple[str, ...]:
     """``STEPLINE_APP_NETWORKS``: CIDRs separated by commas or spaces; ValueError for a bad one."""
     values = tuple(n for n in raw.replace(",", " ").split() if n)
     parse_networks(values)
+    return values
+
+
+def _proxies(raw: str) -> tuple[str, ...]:
+    """``STEPLINE_TRUSTED_PROXIES``: CIDRs separated by commas or spaces; ValueError for a bad
+    one."""
+    values = tuple(n for n in raw.replace(",", " ").split() if n)
+    authlimits.parse_proxies(values)
     return values
 
 

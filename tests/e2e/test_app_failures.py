@@ -59,7 +59,7 @@ def failing_app(mode: str, calls: Counter[str]) -> Any:
     ("mode", "says"),
     [
         ("5xx", "HTTP 503"),
-        ("garbage", "not a valid InvokeResponse"),
+        ("garbage", "not the Stepline SDK's"),
         ("slow", "did not answer in time"),
     ],
 )

@@ -24,8 +24,11 @@ def _http(stack: Stack) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=stack.url, headers=headers)
 
 
-def internal_service(calls: Counter[str], status: int = 500, body: bytes = b"") -> Any:
-    """A raw ASGI server counting its requests and answering ``status`` with ``body`` as HTML."""
+def internal_service(
+    calls: Counter[str], status: int = 500, body: bytes = b"", *, protocol: bool = False
+) -> Any:
+    """A raw ASGI server counting its requests and answering ``status`` with ``body`` as HTML
+    (with the SDK's protocol header when ``protocol``)."""
     answer = body or f"<html><pre>{FAKE_SECRET}</pre></html>".encode()
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -34,6 +37,8 @@ def internal_service(calls: Counter[str], status: int = 500, body: bytes = b"") 
         await read_body(receive)
         calls[scope["path"]] += 1
         headers = [(b"content-type", b"text/html")]
+        if protocol:
+            headers.append((b"stepline-protocol", b"1"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
@@ -250,7 +255,7 @@ async def test_the_sdk_json_error_is_quoted_briefly(database_url: str) -> None:
     async with (
         orchestrator_stack(database_url) as stack,
         app_server(sl) as url,
-        serve(internal_service(calls, status=418, body=long_message)) as chatty,
+        serve(internal_service(calls, status=418, body=long_message, protocol=True)) as chatty,
         _http(stack) as http,
     ):
         slug = await _store(stack, "wrong", url, "not-the-secret")

@@ -52,7 +52,11 @@ def by_key(op: dict[str, Any]) -> bool:
 
 
 def admin_only(op: dict[str, Any]) -> bool:
-    return str(op.get("summary", "")).endswith("(admin)")
+    return str(op.get("summary", "")).endswith(("(admin)", "(owner)"))
+
+
+def owner_only(op: dict[str, Any]) -> bool:
+    return str(op.get("summary", "")).endswith("(owner)")
 
 
 def example(op: dict[str, Any]) -> Any:
@@ -136,6 +140,7 @@ class Owner:
             "createSchedule": {"workflow": "waiter", "cron": "0 0 1 1 *", "timezone": "UTC"},
             "updateSchedule": {"cron": "0 0 2 1 *"},
             "retryRun": {},
+            "syncApp": None,  # a push app's sync takes no body
             "createEnvironment": {"name": f"env{self.made}"},
             "createKey": {"name": f"k{self.made}", "role": "read"},
         }
@@ -183,6 +188,7 @@ async def test_every_route_keeps_scopes_and_roles_apart(database_url: str) -> No
             assert staging is not None and other is not None
         prod = keys.DEFAULT_PROJECT
         admin, write, read = [await _key(stack, r, prod) for r in ("admin", "write", "read")]
+        project_owner = await _key(stack, "owner", prod)
         strangers = [
             await _key(stack, "admin", staging["id"]),
             await _key(stack, "admin", other["id"]),
@@ -203,7 +209,8 @@ async def test_every_route_keeps_scopes_and_roles_apart(database_url: str) -> No
                         assert answer.json()["error"]["code"] == "not_found"
                 if method != "GET":
                     before = await owner.snapshot()
-                    for key in (read, write) if admin_only(op) else (read,):
+                    refused = (read, write) if admin_only(op) else (read,)
+                    for key in (*refused, admin) if owner_only(op) else refused:
                         answer = await http.request(method, url, headers=_auth(key), **kwargs)
                         assert answer.status_code == 403, (op_id, answer.text)
                         assert answer.json()["error"]["code"] == "forbidden"
@@ -219,7 +226,7 @@ async def test_every_route_keeps_scopes_and_roles_apart(database_url: str) -> No
             for op_id, method, path, op in order:
                 url, body = owner.request(op_id, method, path, op)
                 kwargs = {} if body is None else {"json": body}
-                key = admin if admin_only(op) else write
+                key = project_owner if owner_only(op) else admin if admin_only(op) else write
                 answer = await http.request(method, url, headers=_auth(key), **kwargs)
                 assert 200 <= answer.status_code < 300, (op_id, answer.text)
                 assert str(answer.status_code) in op["responses"], (op_id, answer.status_code)

@@ -9,7 +9,9 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Scope
 
+from stepline_server import authlimits, params
 from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
@@ -26,11 +28,13 @@ from stepline_server.api.auth import KeyCache
 from stepline_server.api.body_timeout import BodyTimeout
 from stepline_server.api.errors import (
     ApiError,
+    error_response,
     handle_api_error,
     handle_http_exception,
     handle_unexpected,
 )
 from stepline_server.api.routes_protocol import ProgressFastPath
+from stepline_server.authlimits import AuthFailures
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.ui import app as ui
 
@@ -103,6 +107,16 @@ ROUTES: list[BaseRoute] = [
 ]
 
 
+async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
+    """A request whose path or query parameters cannot be used, in the API's error shape."""
+    error = ApiError(refusal.message, refusal.details)
+    error.code, error.status = refusal.code, refusal.status
+    return error_response(error)
+
+
+params.guard(ROUTES, _refused)
+
+
 def route_table() -> list[tuple[str, set[str]]]:
     """Every public route as (path template, methods), for the OpenAPI parity test."""
     table = []
@@ -120,7 +134,14 @@ def build_app(orchestrator: Orchestrator) -> BodyTimeout:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await orchestrator.start()
         app.state.orchestrator = orchestrator
-        app.state.keys = KeyCache(orchestrator.pool, orchestrator.settings.auth_failure_limit)
+        s = orchestrator.settings
+        app.state.auth_failures = AuthFailures(
+            s.auth_failure_limit,
+            s.auth_failure_budget,
+            s.auth_failure_delay_seconds,
+            authlimits.parse_proxies(s.trusted_proxies),
+        )
+        app.state.keys = KeyCache(orchestrator.pool, app.state.auth_failures)
         try:
             yield
         finally:

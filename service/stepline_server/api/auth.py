@@ -9,27 +9,29 @@ side) use::
     auth.require_role(ctx, "admin")         # 403 forbidden unless the role allows it
     ctx = await auth.require_write(request) # caller() + 403 for a read key
 
-Roles (``ROLE_RANK``): ``admin`` (everything, including keys and environments) > ``write``
-(everything but keys) > ``read`` (``GET`` only). :func:`stepline_server.api.context.project`
-checks the method for every route: a request other than ``GET``/``HEAD`` needs ``write``.
+Roles (``ROLE_RANK``): ``owner`` (everything in every environment of the project: keys of
+any environment, new environments) > ``admin`` (everything in its environment, its keys
+included) > ``write`` (everything but keys) > ``read`` (``GET`` only).
+:func:`stepline_server.api.context.project` checks the method for every route: a request other
+than ``GET``/``HEAD`` needs ``write``.
 
 A key is looked up at most every ``_TTL`` seconds per orchestrator, so a key revoked on any
-orchestrator is refused on every other one within a second. Failed authentications are counted
-per client address (:class:`FailureThrottle`); past the limit every request from that address
-that needs a key is ``429 rate_limited`` with ``Retry-After``, whatever the key.
+orchestrator is refused on every other one within a second. Failed authentications are limited
+per client address and across all of them (:mod:`stepline_server.authlimits`): past a limit a
+failure is ``429 rate_limited`` with ``Retry-After`` instead of ``401``; a valid key is never
+refused or slowed by it.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 
 from starlette.requests import Request
 
 from stepline_server.api.errors import Forbidden, RateLimited, Unauthorized
+from stepline_server.authlimits import AuthFailures
 from stepline_server.engine import access
 from stepline_server.store import keys
 from stepline_server.store.db import Pool
@@ -53,64 +55,34 @@ class KeyContext:
     project: str
 
 
-class FailureThrottle:
-    """Failed authentications per client address in a sliding minute."""
-
-    def __init__(self, limit: int, window: float = 60.0) -> None:
-        self.limit = limit
-        self.window = window
-        self._failures: dict[str, deque[float]] = {}
-
-    def _recent(self, client: str, now: float) -> deque[float]:
-        seen = self._failures.get(client)
-        if seen is None:
-            return deque()
-        while seen and seen[0] <= now - self.window:
-            seen.popleft()
-        if not seen:
-            del self._failures[client]
-        return seen
-
-    def retry_after(self, client: str) -> int | None:
-        """Seconds until ``client`` may try again, or None when it is not throttled."""
-        now = time.monotonic()
-        seen = self._recent(client, now)
-        if len(seen) < self.limit:
-            return None
-        return max(1, math.ceil(seen[-self.limit] + self.window - now))
-
-    def failed(self, client: str) -> None:
-        if len(self._failures) > 100_000:
-            self._failures.clear()
-        self._failures.setdefault(client, deque()).append(time.monotonic())
-
-
 class KeyCache:
     """Known keys for ``_TTL`` seconds, so a burst of requests costs one lookup."""
 
-    def __init__(self, pool: Pool, failure_limit: int = 20) -> None:
+    def __init__(self, pool: Pool, failures: AuthFailures) -> None:
         self._pool = pool
         self._known: dict[str, tuple[KeyContext, float]] = {}
-        self.throttle = FailureThrottle(failure_limit)
+        self.failures = failures
 
     def forget(self, key_id: uuid.UUID) -> None:
         """Drop a revoked key from this orchestrator's cache at once."""
         self._known = {k: v for k, v in self._known.items() if v[0].key_id != key_id}
 
     async def context(self, request: Request) -> KeyContext:
-        client = request.client.host if request.client else ""
-        wait = self.throttle.retry_after(client)
-        if wait is not None:
-            raise RateLimited(
-                "too many failed authentications from this address; try again later",
-                {"retryAfter": wait},
-                retry_after=wait,
-            )
+        """The key's context; a failure is counted, and past the limits answered 429."""
         try:
             return await self._lookup(request)
         except Unauthorized:
-            self.throttle.failed(client)
-            raise
+            peer = request.client.host if request.client else ""
+            client = self.failures.client(peer, request.headers.get("x-forwarded-for"))
+            verdict = self.failures.failed(client)
+            await self.failures.hold(verdict)
+            if verdict.retry_after is None:
+                raise
+            raise RateLimited(
+                "too many failed authentications; a valid key is still accepted",
+                {"retryAfter": verdict.retry_after},
+                retry_after=verdict.retry_after,
+            ) from None
 
     async def _lookup(self, request: Request) -> KeyContext:
         header = request.headers.get("authorization", "")

@@ -2,6 +2,7 @@
 
 ApiError                      code, status, message, details
  ├── InvalidJson              400 invalid_json
+ ├── BodyNotAllowed           400 body_not_allowed (the route takes no body)
  ├── ValidationFailed         422 validation_failed (details name the fields)
  ├── PayloadTooLarge          413 payload_too_large
  ├── Unauthorized             401 unauthorized
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline_server import payloads
 from stepline_server.api.responses import json_response
 from stepline_server.store import db
 
@@ -47,6 +49,10 @@ class ApiError(Exception):
 
 class InvalidJson(ApiError):
     code, status, default = "invalid_json", 400, "the request body is not valid JSON"
+
+
+class BodyNotAllowed(ApiError):
+    code, status, default = "body_not_allowed", 400, "this route takes no request body"
 
 
 class ValidationFailed(ApiError):
@@ -108,6 +114,14 @@ def from_validation(exc: ValidationError) -> ValidationFailed:
     fields = {".".join(str(p) for p in e["loc"]) or "body": e["msg"] for e in exc.errors()}
     names = ", ".join(fields)
     return ValidationFailed(f"invalid fields: {names}", {"fields": fields})
+
+
+def from_payload(exc: payloads.BadPayload) -> ApiError:
+    """JSON the shared checks refused, as the API's error of the same code."""
+    kind = {"invalid_json": InvalidJson, "payload_too_large": PayloadTooLarge}.get(
+        exc.code, ValidationFailed
+    )
+    return kind(exc.message, exc.details)
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:

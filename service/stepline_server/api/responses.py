@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, TypeVar
 
 import orjson
@@ -11,11 +9,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline import _json
+from stepline_server import payloads
 
-MAX_BODY = 1024 * 1024
-# A run of 20 digits may be an integer past 64 bits: such a body is parsed again exactly.
-_LONG_NUMBER = re.compile(rb"\d{20}")
+MAX_BODY = payloads.MAX_BYTES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,8 +22,9 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: bool = False) -> Any:
     """The request's JSON body; 413 past ``limit`` bytes, 400 when it is not JSON, 422 when it
-    cannot be stored as sent (:func:`stepline._json.payload_problem`: NUL characters, nesting
-    past 64 levels, integers past 64 bits)."""
+    cannot be stored as sent (:func:`stepline_server.payloads.parse`, which the dashboard's
+    forms use too: NUL characters, nesting past 64 levels, integers past 64 bits, NaN and
+    Infinity)."""
     from stepline_server.api import errors
 
     declared = request.headers.get("content-length")
@@ -46,20 +43,29 @@ async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: boo
             return None
         raise errors.InvalidJson("the request body is empty; send a JSON object")
     try:
-        data = orjson.loads(raw)
-        if _LONG_NUMBER.search(raw):  # orjson turns integers past 64 bits into floats
-            data = json.loads(raw)
-    except (orjson.JSONDecodeError, ValueError) as exc:
-        raise errors.InvalidJson(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        data = [[]] * (_json.MAX_DEPTH + 1)  # refused just below
-    found = _json.payload_problem_at(data)
-    if found:
-        where, problem = found
-        raise errors.ValidationFailed(
-            f"the request body cannot be stored: {problem}", {"fields": {where or "body": problem}}
-        )
-    return data
+        return payloads.parse(raw, limit=limit)
+    except payloads.BadPayload as exc:
+        raise errors.from_payload(exc) from None
+
+
+async def refuse_body(request: Request) -> None:
+    """For a route that takes no body: ``400 body_not_allowed`` when one was sent (anything
+    but nothing, whitespace or ``{}``), before anything is done."""
+    from stepline_server.api import errors
+
+    declared = request.headers.get("content-length")
+    if declared == "0" or (declared is None and "transfer-encoding" not in request.headers):
+        return
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > 64:
+            break
+    if raw.strip() in (b"", b"{}"):
+        return
+    raise errors.BodyNotAllowed(
+        f"{request.method} {request.url.path} takes no body; send none (or {{}})"
+    )
 
 
 async def read_model(

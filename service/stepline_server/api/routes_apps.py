@@ -23,7 +23,7 @@ from stepline_server.api.errors import (
     ValidationFailed,
     from_validation,
 )
-from stepline_server.api.responses import json_response, read_json, read_model
+from stepline_server.api.responses import json_response, read_json, read_model, refuse_body
 from stepline_server.engine import pull as pull_rules
 from stepline_server.store import apps
 from stepline_server.store.db import Record
@@ -183,6 +183,7 @@ async def update_app(request: Request) -> Response:
 
 async def delete_app(request: Request) -> Response:
     row = await _app(request)
+    await refuse_body(request)
     async with orch(request).pool.acquire() as conn:
         await apps.delete(conn, row["project_id"], row["id"])
     return Response(status_code=204)
@@ -191,6 +192,7 @@ async def delete_app(request: Request) -> Response:
 async def rotate_secret(request: Request) -> Response:
     """A new signing secret (admin): invocations are signed with it from now on."""
     row = await _app(request, role="admin")
+    await refuse_body(request)
     async with orch(request).pool.acquire() as conn:
         rotated = await apps.rotate_secret(conn, row["project_id"], row["id"])
     if rotated is None:
@@ -203,6 +205,7 @@ async def sync_app(request: Request) -> Response:
     if row["kind"] == "pull":
         done = await _sync_pulled(request, row)
     else:
+        await refuse_body(request)
         try:
             app_url(row["url"])
         except ValueError as exc:  # registered before URLs were checked

@@ -20,7 +20,7 @@ from stepline_server.api.errors import (
     ValidationFailed,
     from_validation,
 )
-from stepline_server.api.responses import json_response, read_json, read_model
+from stepline_server.api.responses import json_response, read_json, read_model, refuse_body
 from stepline_server.api.routes_protocol import MAX_PROGRESS_BODY, authorize
 from stepline_server.engine import pull as rules
 
@@ -38,6 +38,7 @@ async def poll(request: Request) -> Response:
     """Up to ``limit`` invocations of the pull app, each leased to the caller, after waiting
     at most ``wait`` for one; ``204`` when none came."""
     row = await routes_apps.app_of(request)
+    await refuse_body(request)
     try:
         wait, limit = rules.poll_params(
             request.query_params.get("wait"), request.query_params.get("limit")

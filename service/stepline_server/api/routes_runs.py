@@ -24,7 +24,7 @@ from stepline_server.api.errors import (
     RunKeyConflict,
     ValidationFailed,
 )
-from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.responses import json_response, read_model, refuse_body
 from stepline_server.engine import ids, inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, leases, runs, waits
@@ -200,6 +200,7 @@ async def list_runs(request: Request) -> Response:
 async def cancel_run(request: Request) -> Response:
     pid = await project(request)
     run_id = path_uuid(request, "runId", "run")
+    await refuse_body(request)
     o = orch(request)
     async with o.pool.acquire() as conn:
         try:

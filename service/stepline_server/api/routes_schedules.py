@@ -17,7 +17,7 @@ from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
-from stepline_server.api.responses import json_response, read_model
+from stepline_server.api.responses import json_response, read_model, refuse_body
 from stepline_server.engine import schedules as rules
 from stepline_server.store import apps, schedules
 from stepline_server.store.db import Conn, Record
@@ -181,6 +181,7 @@ async def update_schedule(request: Request) -> Response:
 async def delete_schedule(request: Request) -> Response:
     pid = await project(request)
     sid = _schedule_id(request)
+    await refuse_body(request)
     async with orch(request).pool.acquire() as conn:
         if not await schedules.delete(conn, pid, sid):
             raise NotFound(f"no schedule with id {sid!r}")
@@ -204,6 +205,7 @@ async def _transition(
     """Pause or resume the schedule of the path; 409 when its status does not allow it."""
     pid = await project(request)
     sid = _schedule_id(request)
+    await refuse_body(request)
     async with orch(request).pool.acquire() as conn:
         try:
             row = await change(conn, pid, sid, datetime.now(UTC))
@@ -215,6 +217,7 @@ async def _transition(
 async def trigger_schedule(request: Request) -> Response:
     pid = await project(request)
     sid = _schedule_id(request)
+    await refuse_body(request)
     o = orch(request)
     async with o.pool.acquire() as conn:
         try:

@@ -73,9 +73,9 @@ async def _projects(conn: Conn, args: argparse.Namespace) -> None:
     if project is None:
         raise UsageError(f"a project named {args.name!r} exists already")
     env = await _environment(conn, project, "production")
-    _, key = await keys.insert_key(conn, "admin", env["id"], "admin")
+    _, key = await keys.insert_key(conn, "owner", env["id"], "owner")
     print(f"project {args.name!r} ({project['id']}): environments {', '.join(keys.ENVIRONMENTS)}")
-    print("admin API key for its production environment (shown once):")
+    print("owner API key (every environment; it sees production) (shown once):")
     print(key)
 
 
@@ -124,7 +124,7 @@ DEV_KEY_FILE = "dev-key"
 
 
 async def dev_key(conn: Conn, data_dir: Path) -> str:
-    """The admin key ``stepline dev`` prints: the one it made before, while that key is still
+    """The owner key ``stepline dev`` prints: the one it made before, while that key is still
     active on this database, else a new one (named "dev"), remembered for the next start."""
     path = data_dir / DEV_KEY_FILE
     try:
@@ -134,11 +134,11 @@ async def dev_key(conn: Conn, data_dir: Path) -> str:
     row = await keys.find_key(conn, kept) if kept else None
     if (
         row is not None
-        and row["role"] == "admin"
+        and row["role"] == "owner"
         and row["environment_id"] == keys.DEFAULT_ENVIRONMENT
     ):
         return kept
-    key = await keys.create_key(conn, "dev")
+    key = await keys.create_key(conn, "dev", role="owner")
     data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -5,8 +5,10 @@ request than httpx); a given httpx transport replaces it, so tests can call an a
 (and with it the network, so the egress rules do not apply to it). Every connection is made to
 an address the egress rules allow (:mod:`.resolve`), redirects are followed within the same
 origin only, and an answer over :data:`MAX_ANSWER_BYTES` is cut off.
-What an app answered is quoted back only when it is the SDK's own JSON error, and briefly: an
-app's URL may point at a service whose answers must not reach the caller.
+What an app answered is quoted back only when it speaks the protocol (the SDK's
+``Stepline-Protocol`` header) and is the SDK's own JSON error, and briefly: an app's URL may
+point at a service whose answers must not reach the caller. Any other answer is reported by
+its status and a fixed sentence.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from pydantic import BaseModel, ValidationError
 
 from stepline import _http
 from stepline._signing import sign
-from stepline.protocol import SIGNATURE_HEADER, DescribeResponse, InvokeResponse
+from stepline.protocol import (
+    PROTOCOL_HEADER,
+    SIGNATURE_HEADER,
+    DescribeResponse,
+    InvokeResponse,
+)
 from stepline_server.engine.egress import Egress
 from stepline_server.invoke.resolve import Resolver
 
@@ -80,14 +87,14 @@ class AppCaller:
 
     async def _post(
         self, url: str, payload: bytes, headers: dict[str, str], timeout: float | None
-    ) -> tuple[int, bytes, str | None]:
+    ) -> tuple[int, bytes, dict[str, str]]:
         """POST (within ``timeout`` seconds, default the invocation timeout); answer the
-        status, the body and the Retry-After header."""
+        status, the body and the headers (names lower-cased)."""
         if self._client is None:
             answer = await self._fast.post(
                 url, payload, headers, follow_redirects=True, timeout=timeout
             )
-            return answer.status, answer.body, answer.headers.get("retry-after")
+            return answer.status, answer.body, answer.headers
         try:
             extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
             response = await self._client.post(url, content=payload, headers=headers, **extra)
@@ -95,7 +102,7 @@ class AppCaller:
             raise _http.HttpError("timed out") from None
         except httpx.HTTPError as exc:
             raise _http.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
-        return response.status_code, response.content, response.headers.get("retry-after")
+        return response.status_code, response.content, dict(response.headers)
 
     async def invoke(
         self,
@@ -132,7 +139,7 @@ class AppCaller:
         }
         started = time.perf_counter()
         try:
-            status, content, retry_after = await self._post(url, payload, headers, timeout)
+            status, content, answered = await self._post(url, payload, headers, timeout)
         except _http.HttpError as exc:
             if str(exc) == "timed out":
                 reason = "the app did not answer in time"
@@ -140,20 +147,20 @@ class AppCaller:
                 reason = f"could not reach the app ({exc})"
             return CallResult(False, None, _ms(started), reason=reason, sent_bytes=len(payload))
         took = _ms(started)
+        speaks = PROTOCOL_HEADER in answered
         if status >= 300:
-            detail = sdk_error(content)
-            reason = f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
+            retry_after = parse_retry_after(answered.get("retry-after"))
+            reason = refusal_reason(status, sdk_error(content) if speaks else None, speaks)
             return CallResult(
-                False,
-                status,
-                took,
-                reason=reason,
-                retry_after=parse_retry_after(retry_after),
+                False, status, took, reason=reason, retry_after=retry_after,
                 sent_bytes=len(payload),
-            )
+            )  # fmt: skip
         try:
             parsed = model.model_validate_json(content)
         except ValidationError as exc:
+            if not speaks:
+                reason = f"the app answered HTTP {status} with {NOT_THE_SDK}"
+                return CallResult(False, status, took, reason=reason)
             # Which fields were wrong, never their values: those are the app's answer.
             wrong = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
@@ -165,6 +172,27 @@ class AppCaller:
             )
             return CallResult(False, status, took, reason=reason, sent_bytes=len(payload))
         return CallResult(True, status, took, parsed, sent_bytes=len(payload))
+
+
+NOT_THE_SDK = (
+    "an answer that is not the Stepline SDK's (is the URL the one the SDK's handler is mounted at?)"
+)
+BAD_SIGNATURE = (
+    "the app refused the request's signature: its STEPLINE_SIGNING_SECRET does not match the"
+    " app's signing secret here. Set it to the signingSecret that registering the app (or"
+    " POST /v1/apps/{app}/rotate-secret) answered, restart the app, then sync again"
+)
+
+
+def refusal_reason(status: int, detail: str | None, speaks: bool) -> str:
+    """Why a call failed with HTTP ``status``: the SDK's error (``detail``) quoted when the
+    answer speaks the protocol, a fixed sentence otherwise; a refused signature says how to fix
+    it."""
+    if not speaks:
+        return f"the app answered HTTP {status} with {NOT_THE_SDK}"
+    if status == 401 and detail is not None and "no signature matches" in detail:
+        return f"{BAD_SIGNATURE} (HTTP 401: {detail})"
+    return f"the app answered HTTP {status}" + (f": {detail}" if detail else "")
 
 
 def sdk_error(content: bytes) -> str | None:

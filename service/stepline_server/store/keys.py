@@ -20,7 +20,7 @@ DEFAULT_ENVIRONMENT = DEFAULT_PROJECT
 ENVIRONMENTS = ("production", "staging", "development")
 """The environments a new project starts with; the first gets the project's own id."""
 
-ROLES = ("admin", "write", "read")
+ROLES = ("owner", "admin", "write", "read")
 
 
 def hash_key(key: str) -> str:
@@ -112,17 +112,21 @@ async def project_keys(conn: Conn, project_id: uuid.UUID) -> list[Record]:
     return list(await conn.fetch(Q["project_keys"], project_id))
 
 
-async def revoke_key(conn: Conn, key_id: uuid.UUID, environment_id: uuid.UUID | None) -> bool:
-    """Revoke a key (of ``environment_id``, or of any when None); False if there was none."""
-    return await conn.fetchval(Q["revoke_key"], key_id, environment_id) is not None
+async def revoke_key(
+    conn: Conn,
+    key_id: uuid.UUID,
+    environment_id: uuid.UUID | None,
+    *,
+    project_id: uuid.UUID | None = None,
+    protected: tuple[str, ...] = (),
+) -> bool:
+    """Revoke a key (of ``environment_id``, or of any when None; of ``project_id`` when
+    given) unless its role is ``protected``, ending its dashboard sessions; False if there was
+    no such key."""
+    found = await conn.fetchval(Q["revoke_key"], key_id, environment_id, project_id, protected)
+    return found is not None
 
 
 async def server_secrets(conn: Conn) -> list[str]:
     """Secrets that sign callback URLs, newest first."""
     return [r["secret"] for r in await conn.fetch(Q["server_secrets"])]
-
-
-async def find_key_hash(conn: Conn, digest: str) -> Record | None:
-    """The context (environment, project, role) of the API key whose stored form is ``digest``
-    (a dashboard session keeps that, never the key), or None when no such key is valid."""
-    return await conn.fetchrow(Q["find_key"], digest)

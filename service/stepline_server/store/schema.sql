@@ -36,12 +36,12 @@ CREATE TABLE api_keys (
     name text NOT NULL,
     key_hash text NOT NULL UNIQUE,
     created_at timestamptz NOT NULL DEFAULT now(),
-    role text NOT NULL DEFAULT 'admin' CHECK (role IN ('admin', 'write', 'read')),
+    role text NOT NULL DEFAULT 'admin' CHECK (role IN ('owner', 'admin', 'write', 'read')),
     prefix text NOT NULL DEFAULT '',
     revoked_at timestamptz
 );
 COMMENT ON COLUMN api_keys.project_id IS 'The environment the key sees (an environments row).';
-COMMENT ON COLUMN api_keys.role IS 'admin: everything, keys and environments included; write: everything but keys; read: GET only.';
+COMMENT ON COLUMN api_keys.role IS 'owner: everything in every environment of its project (keys of any environment, new environments); admin: everything in its environment, its keys included; write: everything but keys; read: GET only.';
 COMMENT ON COLUMN api_keys.prefix IS 'The first characters of the key, shown in lists so a person can tell keys apart.';
 COMMENT ON COLUMN api_keys.revoked_at IS 'When the key was revoked; a revoked key is refused.';
 
@@ -51,6 +51,17 @@ CREATE TABLE server_secrets (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE server_secrets IS 'Keys that sign callback URLs: the newest signs, all verify.';
+
+CREATE TABLE dashboard_sessions (
+    id_hash text PRIMARY KEY,
+    key_id uuid NOT NULL REFERENCES api_keys (id) ON DELETE CASCADE,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX dashboard_sessions_key ON dashboard_sessions (key_id);
+CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at);
+COMMENT ON TABLE dashboard_sessions IS 'A signed-in dashboard session: the cookie holds a random id, this row its SHA-256 and the key it signed in with. Signing out deletes it; revoking the key deletes its sessions.';
+COMMENT ON COLUMN dashboard_sessions.expires_at IS 'The session ends then (12 hours after its last request); an expired row is never used and is deleted at the next sign-in.';
 
 CREATE TABLE apps (
     id uuid PRIMARY KEY,

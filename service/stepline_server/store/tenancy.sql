@@ -51,10 +51,19 @@ WHERE e.project_id = $1 AND k.revoked_at IS NULL
 ORDER BY e.name, k.created_at, k.id;
 
 -- name: revoke_key
--- Revokes key $1 of environment $2 (of any environment when $2 is NULL: the CLI).
-UPDATE api_keys SET revoked_at = now()
-WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2) AND revoked_at IS NULL
-RETURNING id;
+-- Revokes key $1 of environment $2 (any when NULL) of project $3 (any when NULL: the CLI),
+-- unless its role is one of $4 (an admin cannot revoke an owner key); the dashboard sessions
+-- it signed in end with it.
+WITH revoked AS (
+    UPDATE api_keys k SET revoked_at = now()
+    WHERE k.id = $1 AND ($2::uuid IS NULL OR k.project_id = $2) AND k.revoked_at IS NULL
+      AND ($3::uuid IS NULL OR k.project_id IN (SELECT id FROM environments WHERE project_id = $3))
+      AND NOT (k.role = ANY ($4::text[]))
+    RETURNING k.id
+), ended AS (
+    DELETE FROM dashboard_sessions WHERE key_id IN (SELECT id FROM revoked)
+)
+SELECT id FROM revoked;
 
 -- name: server_secrets
 SELECT secret FROM server_secrets ORDER BY id DESC;

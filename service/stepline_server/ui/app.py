@@ -6,15 +6,19 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders, State
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stepline_server import params
 from stepline_server.ui import pages_admin as admin
 from stepline_server.ui import pages_alerts as alerts
 from stepline_server.ui import pages_bulk as bulk
 from stepline_server.ui import pages_runs as runs
+from stepline_server.ui import render
 from stepline_server.ui.web import Shared, endpoint
 
 STATIC = Path(__file__).parent / "static"
@@ -107,7 +111,23 @@ def dashboard(state: State) -> ASGIApp:
         Route("/alerts/{alertId}/delete", endpoint(s, alerts.delete_alert, **w), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC)),
     ]
-    return SecurityHeaders(Starlette(routes=routes))
+    params.guard(routes, _refused)
+    handlers = {404: _no_page, 405: _no_page}
+    return SecurityHeaders(Starlette(routes=routes, exception_handlers=handlers))
+
+
+async def _refused(scope: Scope, refusal: params.Refusal) -> ASGIApp:
+    """A dashboard request whose path or query parameters cannot be used: an error page."""
+    title = "Not found" if refusal.status == 404 else "Refused"
+    message = refusal.message[:1].upper() + refusal.message[1:] + "."
+    return render.page("error.html", refusal.status, title=title, message=message)
+
+
+async def _no_page(request: Request, exc: Exception) -> Response:
+    """A dashboard path with no page (or not for this method): an error page, like others."""
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return render.page("error.html", 405, title="Refused", message="Not allowed here.")
+    return render.page("error.html", 404, title="Not found", message="There is no such page.")
 
 
 async def _to_dashboard(request: object) -> Response:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from stepline_server import actions, appsync, serialize
+from stepline_server import actions, appsync, payloads, serialize
 from stepline_server.engine import access
 from stepline_server.store import apps, keys, pause, schedules
 from stepline_server.store.db import Record
@@ -120,9 +119,9 @@ async def send_event(r: Req) -> Response:
     if not 1 <= len(name) <= 256:
         return r.back("/ui/events", "Not sent: an event needs a name (at most 256 characters).")
     try:
-        data = json.loads(r.form.get("data") or "null")
-    except ValueError as exc:
-        return r.back("/ui/events", f"Not sent: the data must be JSON ({exc}).")
+        data = payloads.parse_text(r.form.get("data") or "null", what="the data")
+    except payloads.BadPayload as exc:
+        return r.back("/ui/events", f"Not sent: {exc.message}.")
     async with r.orch.pool.acquire() as conn:
         _, sent = await actions.send_event(r.orch, conn, r.pid, name, data)
     if sent.matched or sent.started:
@@ -134,13 +133,32 @@ async def send_event(r: Req) -> Response:
     )
 
 
-async def keys_page(r: Req) -> Response:
+async def keys_page(r: Req, made: dict[str, str] | None = None, status: int = 200) -> Response:
+    """The keys an admin key manages (its environment's; an owner key's: every environment's),
+    and, once, a key just made."""
     assert r.viewer is not None
     if not permissions.is_admin(r.viewer):
         return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
+    owner = permissions.is_owner(r.viewer)
     async with r.orch.pool.acquire() as conn:
-        rows = await keys.environment_keys(conn, r.pid)
-    return r.page("keys.html", title="Keys", keys=[_key(k) for k in rows])
+        if owner and r.viewer.project_uuid is not None:
+            rows = await keys.project_keys(conn, r.viewer.project_uuid)
+            environments = [e["name"] for e in await keys.environments(conn, r.viewer.project_uuid)]
+        else:
+            rows = await keys.environment_keys(conn, r.pid)
+            environments = [r.viewer.environment]
+    roles = [role for role in access.ROLE_RANK if access.may_grant(r.viewer.role, role)]
+    return r.page(
+        "keys.html",
+        status,
+        title="Keys",
+        keys=[_key(k) for k in rows],
+        roles=list(reversed(roles)),
+        environments=environments,
+        environment=r.viewer.environment,
+        owner=owner,
+        made=made,
+    )
 
 
 def _key(row: Record) -> dict[str, object]:
@@ -148,36 +166,51 @@ def _key(row: Record) -> dict[str, object]:
         "id": str(row["id"]),
         "name": row["name"],
         "role": row["role"],
+        "environment": row["environment"],
         "prefix": row["prefix"],
         "createdAt": serialize.ts(row["created_at"]),
     }
 
 
 async def create_key(r: Req) -> Response:
-    """An admin makes a key of this environment; it is shown once, on the next page."""
+    """An admin makes a key of its environment (an owner of any environment of the project);
+    the key is shown once, in the answer to this form, and is never put in a cookie."""
     assert r.viewer is not None
     if not permissions.is_admin(r.viewer):
         return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
     name = r.form.get("name", "").strip() or "dashboard"
     role = r.form.get("role", "read")
-    if role not in access.ROLE_RANK or len(name) > 128:
-        return r.back("/ui/keys", "Not made: choose admin, write or read, and a shorter name.")
+    environment = r.form.get("environment") or r.viewer.environment
+    if not access.may_grant(r.viewer.role, role) or len(name) > 128:
+        return r.back("/ui/keys", "Not made: choose a role you may grant, and a shorter name.")
+    env_id = r.pid
     async with r.orch.pool.acquire() as conn:
-        _, key = await keys.insert_key(conn, name, r.pid, role)
-    return r.back(
-        "/ui/keys", f"Key {name} ({role}) made; copy it now, it is not shown again: {key}"
-    )
+        if environment != r.viewer.environment:
+            env = None
+            if permissions.is_owner(r.viewer) and r.viewer.project_uuid is not None:
+                env = await keys.find_environment(conn, r.viewer.project_uuid, environment)
+            if env is None:
+                return r.back("/ui/keys", "Not made: an admin key makes keys of its environment.")
+            env_id = env["id"]
+        _, key = await keys.insert_key(conn, name, env_id, role)
+    made = {"name": name, "role": role, "environment": environment, "key": key}
+    return await keys_page(r, made, 201)
 
 
 async def revoke_key(r: Req) -> Response:
-    """An admin revokes a key of this environment: refused from then on, everywhere."""
+    """An admin revokes a key of its environment (an owner of any environment; an admin never
+    an owner key): refused from then on, everywhere, and its dashboard sessions end."""
     assert r.viewer is not None
     if not permissions.is_admin(r.viewer):
         return r.page("error.html", 403, title="Refused", message="Keys are for admin keys.")
-    try:
-        key_id = uuid.UUID(r.request.path_params["keyId"])
-    except ValueError:
-        return r.back("/ui/keys", "There is no such key.")
+    key_id = uuid.UUID(r.request.path_params["keyId"])  # checked before (params.py)
+    owner = permissions.is_owner(r.viewer)
     async with r.orch.pool.acquire() as conn:
-        done = await keys.revoke_key(conn, key_id, r.pid)
+        done = await keys.revoke_key(
+            conn,
+            key_id,
+            None if owner else r.pid,
+            project_id=r.viewer.project_uuid,
+            protected=access.protected_from(r.viewer.role),
+        )
     return r.back("/ui/keys", "Key revoked." if done else "There is no such key.")

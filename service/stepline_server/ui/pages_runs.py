@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import secrets
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -11,9 +9,10 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import actions, reads, serialize
+from stepline_server import actions, payloads, reads, serialize
+from stepline_server.authlimits import AuthFailures
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, keys, runs, waits
+from stepline_server.store import apps, keys, runs, sessions, waits
 from stepline_server.ui import timeline
 from stepline_server.ui.web import Req
 
@@ -29,20 +28,44 @@ async def login_form(r: Req) -> Response:
 
 
 async def login(r: Req) -> Response:
+    """Sign in with an API key: a new server-side session (its id in the cookie, with a fresh
+    CSRF token)."""
     key = r.form.get("key", "").strip()
     async with r.orch.pool.acquire() as conn:
-        project = await keys.find_key(conn, key) if key else None
-    if project is None:
-        return r.page("login.html", 401, title="Sign in", error="That API key is not valid.")
-    # A fresh CSRF token with the new identity.
-    r.session.key_hash, r.session.csrf = keys.hash_key(key), secrets.token_urlsafe(24)
-    r.session.changed = True
+        found = await keys.find_key(conn, key) if key and len(key) <= 512 else None
+        if found is None:
+            return await _refused_sign_in(r)
+        if r.session.session_id is not None:
+            await sessions.end(conn, r.session.session_id)
+        r.session.renew(await sessions.start(conn, found["id"]))
     return RedirectResponse("/ui/runs", 303)
 
 
+async def _refused_sign_in(r: Req) -> Response:
+    """A key that is not valid: counted like the API's failed authentications, and past the
+    limits answered 429 (a valid key still signs in)."""
+    failures: AuthFailures = r.shared.state.auth_failures
+    request = r.request
+    peer = request.client.host if request.client else ""
+    verdict = failures.failed(failures.client(peer, request.headers.get("x-forwarded-for")))
+    await failures.hold(verdict)
+    if verdict.retry_after is None:
+        return r.page("login.html", 401, title="Sign in", error="That API key is not valid.")
+    error = (
+        "That API key is not valid, and too many sign-ins failed lately: wait"
+        f" {verdict.retry_after} seconds before trying another one."
+    )
+    response = r.page("login.html", 429, title="Sign in", error=error)
+    response.headers["retry-after"] = str(verdict.retry_after)
+    return response
+
+
 async def logout(r: Req) -> Response:
-    r.session.key_hash, r.session.csrf = None, secrets.token_urlsafe(24)
-    r.session.changed = True
+    """Sign out: the session row is deleted, so a copy of the cookie no longer works."""
+    if r.session.session_id is not None:
+        async with r.orch.pool.acquire() as conn:
+            await sessions.end(conn, r.session.session_id)
+    r.session.renew(None)
     return RedirectResponse("/ui/login", 303)
 
 
@@ -210,11 +233,11 @@ async def complete_callback(r: Req) -> Response:
     back = r.form.get("back", "/ui/runs")
     if not back.startswith("/ui/"):
         back = "/ui/runs"
+    cid = uuid.UUID(r.request.path_params["callbackId"])  # checked before (params.py)
     try:
-        cid = uuid.UUID(r.request.path_params["callbackId"])
-        body = json.loads(r.form.get("body") or "null")
-    except ValueError as exc:
-        return r.back(back, f"Not completed: the body must be JSON ({exc}).")
+        body = payloads.parse_text(r.form.get("body") or "null", what="the body")
+    except payloads.BadPayload as exc:
+        return r.back(back, f"Not completed: {exc.message}.")
     async with r.orch.pool.acquire() as conn:
         done = await waits.complete_callback(conn, cid, r.pid, body)
     if done.callback is None:

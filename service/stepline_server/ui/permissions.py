@@ -6,28 +6,37 @@ import uuid
 from dataclasses import dataclass
 
 from stepline_server.engine import access
-from stepline_server.store import keys
+from stepline_server.store import sessions
 from stepline_server.store.db import Conn
 
 
 @dataclass(frozen=True)
 class Viewer:
-    """Who is signed in: the stored form of their API key, the environment it sees (the scope
-    of every read and action, kept as ``project_id`` like the store's columns) and its role."""
+    """Who is signed in: their API key's id, the environment it sees (the scope of every read
+    and action, kept as ``project_id`` like the store's columns), its role and project."""
 
-    key_hash: str
+    key_id: uuid.UUID
     project_id: uuid.UUID
     role: str = "read"
     environment: str = ""
     project: str = ""
+    project_uuid: uuid.UUID | None = None
 
 
-async def viewer_of(conn: Conn, key_hash: str) -> Viewer | None:
-    """The viewer a session's key names, or None once the key is no longer valid (revoked)."""
-    row = await keys.find_key_hash(conn, key_hash)
+async def viewer_of(conn: Conn, session_id: str) -> Viewer | None:
+    """Who the server-side session ``session_id`` signed in as, or None once it ended (signed
+    out, expired, or its key revoked)."""
+    row = await sessions.viewer(conn, session_id)
     if row is None:
         return None
-    return Viewer(key_hash, row["environment_id"], row["role"], row["environment"], row["project"])
+    return Viewer(
+        row["key_id"],
+        row["environment_id"],
+        row["role"],
+        row["environment"],
+        row["project"],
+        row["project_id"],
+    )
 
 
 def can_write(viewer: Viewer) -> bool:
@@ -37,5 +46,11 @@ def can_write(viewer: Viewer) -> bool:
 
 
 def is_admin(viewer: Viewer) -> bool:
-    """May this key manage keys? Only ``admin``."""
+    """May this key manage keys? ``admin`` (its environment's) and ``owner`` (every
+    environment's)."""
     return access.allows(viewer.role, "admin")
+
+
+def is_owner(viewer: Viewer) -> bool:
+    """May this key manage the keys of every environment of its project? Only ``owner``."""
+    return access.manages_project(viewer.role)

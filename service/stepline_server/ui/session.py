@@ -1,8 +1,10 @@
-"""The dashboard's session: a signed cookie (itsdangerous), ``HttpOnly``, ``SameSite=Strict``.
+"""The dashboard's session cookie: signed (itsdangerous), ``HttpOnly``, ``SameSite=Strict``.
 
-It holds the stored form of the signed-in API key (never the key itself), a CSRF token every
-form carries back, and a message to show once after an action. The cookie is signed with the
-orchestrator's own secrets (kept in the database, so every orchestrator reads it alike).
+It carries a CSRF token every form sends back, a message to show once after an action, and,
+once signed in, the opaque id of a server-side session (:mod:`stepline_server.store.sessions`:
+the row says which key signed in). Nothing secret travels in it: not the key, not its stored
+form, never a key made on the Keys page. The cookie is signed with the orchestrator's own
+secrets (kept in the database, so every orchestrator reads it alike).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 COOKIE = "stepline_session"
-MAX_AGE = 12 * 3600  # seconds a session lasts after its last action
+MAX_AGE = 12 * 3600  # seconds a cookie lasts after its last action (the session row too)
 
 
 @dataclass
@@ -25,7 +27,7 @@ class Session:
     """What the cookie carries; ``changed`` when it must be written again."""
 
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    key_hash: str | None = None
+    session_id: str | None = None
     flash: str | None = None
     changed: bool = False
 
@@ -42,6 +44,11 @@ class Session:
     def csrf_ok(self, token: str | None) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.csrf.encode())
 
+    def renew(self, session_id: str | None) -> None:
+        """A new identity (signed in as ``session_id``, or out): a fresh CSRF token with it."""
+        self.session_id, self.csrf = session_id, secrets.token_urlsafe(24)
+        self.changed = True
+
 
 class Sessions:
     """Reads and writes sessions with a serializer over the server secrets (newest signs)."""
@@ -55,16 +62,21 @@ class Sessions:
         if raw:
             try:
                 data: dict[str, Any] = self._s.loads(raw, max_age=MAX_AGE)
-                return Session(csrf=str(data["c"]), key_hash=data.get("k"), flash=data.get("f"))
+                sid = data.get("s")
+                return Session(
+                    csrf=str(data["c"]),
+                    session_id=sid if isinstance(sid, str) else None,
+                    flash=data.get("f"),
+                )
             except (BadSignature, KeyError, TypeError):
                 pass
         return Session(changed=True)
 
     def save(self, request: Request, session: Session, response: Response) -> None:
         """Write the cookie when the session changed (or a signed-in one, to extend it)."""
-        if not session.changed and session.key_hash is None:
+        if not session.changed and session.session_id is None:
             return
-        value = self._s.dumps({"c": session.csrf, "k": session.key_hash, "f": session.flash})
+        value = self._s.dumps({"c": session.csrf, "s": session.session_id, "f": session.flash})
         response.set_cookie(
             COOKIE,
             value,

@@ -98,6 +98,15 @@ async def _form(request: Request) -> list[tuple[str, str]] | None:
     return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
 
 
+def _form_problem(form: dict[str, str]) -> str | None:
+    """Why a form's fields cannot be used (a NUL character, which PostgreSQL cannot store),
+    or None; JSON fields are checked where they are read (:mod:`stepline_server.payloads`)."""
+    for name, value in form.items():
+        if "\x00" in name or "\x00" in value:
+            return f"The field {name[:64]!r} holds a NUL character, which cannot be stored."
+    return None
+
+
 def endpoint(
     shared: Shared, handler: Handler, *, public: bool = False, write: bool = False
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -109,11 +118,11 @@ def endpoint(
         sessions = await shared.sessions()
         session = sessions.load(request)
         viewer = None
-        if session.key_hash is not None:
+        if session.session_id is not None:
             async with shared.orch.pool.acquire() as conn:
-                viewer = await permissions.viewer_of(conn, session.key_hash)
-            if viewer is None:
-                session.key_hash, session.changed = None, True
+                viewer = await permissions.viewer_of(conn, session.session_id)
+            if viewer is None:  # signed out elsewhere, expired, or the key was revoked
+                session.renew(None)
         req = Req(request, shared, session, viewer, {})
         response = await _guarded(req, handler, public=public, write=write)
         sessions.save(request, session, response)
@@ -141,6 +150,9 @@ async def _guarded(req: Req, handler: Handler, *, public: bool, write: bool) -> 
                 message="This form is out of date or was not sent by this dashboard (its CSRF"
                 " token does not match). Reload the page and try again.",
             )
+        problem = _form_problem(form)
+        if problem is not None:
+            return req.page("error.html", 422, title="Refused", message=problem)
         req.form, req.fields = form, fields
         if write and (req.viewer is None or not permissions.can_write(req.viewer)):
             return req.page(
