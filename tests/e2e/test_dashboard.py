@@ -21,10 +21,14 @@ from tests.support import Stack, app_server, orchestrator_stack, worker
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"
+CHROMIUM = (
+    os.environ.get("STEPLINE_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+    or shutil.which("google-chrome")
 )
+NO_CHROMIUM = "no chromium on PATH (`make browser` installs it; or set STEPLINE_CHROMIUM)"
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Keep the headless browser from calling anywhere but the orchestrator under test.
 CHROMIUM_ARGS = [

@@ -15,13 +15,11 @@ import pytest
 
 import stepline
 from stepline_server.store import keys
-from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM
 from tests.support import Stack, app_server, orchestrator_stack
 
 playwright_api = pytest.importorskip("playwright.async_api")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"
-)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
 WIDTHS = (1400, 420)
 APP_NAME = "storefront"
