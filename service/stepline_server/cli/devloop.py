@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +27,7 @@ import watchfiles
 
 import stepline
 from stepline_server.api.app import build_app
-from stepline_server.cli import servers
+from stepline_server.cli import devapp, servers
 from stepline_server.cli.main import database
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
@@ -39,7 +37,6 @@ from stepline_server.store import apps, keys
 # started with it once and for all. Never use it for an orchestrator others can reach.
 DEV_SECRET = "whsec_stepline_dev_only"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-READY_SECONDS = 30.0  # how long a (re)started app may take before it answers a sync
 RELOAD_GRACE = 1.0  # after a change, how long an app reached by URL is given to reload
 
 
@@ -106,51 +103,20 @@ def watched(target: str, explicit: list[str]) -> list[Path]:
     return [Path.cwd()]
 
 
-class ChildApp:
-    """The user's Stepline served by ``devapp.py`` in a child process, restarted on change."""
-
-    def __init__(self, target: str, port: int) -> None:
-        self.target, self.port = target, port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def start(self) -> None:
-        env = {**os.environ, "STEPLINE_SIGNING_SECRET": DEV_SECRET}
-        argv = [sys.executable, "-m", "stepline_server.cli.devapp", self.target]
-        self.proc = subprocess.Popen([*argv, "--port", str(self.port)], env=env)
-
-    async def ready(self) -> bool:
-        """Whether the child listens (False once it exited: its error is on stderr)."""
-        for _ in range(int(READY_SECONDS / 0.05)):
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            if servers.port_in_use("127.0.0.1", self.port):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-
-
 class Loop:
     """One dev loop: the orchestrator's client, the app's slug and what it hosted last."""
 
     def __init__(
-        self, client: stepline.AsyncClient, base: str, key: str, slug: str, check: str | None
+        self,
+        client: stepline.AsyncClient,
+        base: str,
+        key: str,
+        slug: str,
+        check: str | None,
+        stop: asyncio.Event,
     ) -> None:
         self.client, self.base, self.key, self.slug, self.check = client, base, key, slug, check
+        self.stop = stop  # set on Ctrl-C: no more retries
         self.hosted: dict[str, dict[str, Any]] | None = None
 
     async def registered(self) -> dict[str, dict[str, Any]]:
@@ -160,12 +126,13 @@ class Loop:
     async def sync(self, *, patient: bool) -> bool:
         """Sync the app and print what changed; with ``patient``, retry while it (re)starts."""
         before = self.hosted if self.hosted is not None else await self.registered()
-        for attempt in range(int(READY_SECONDS / 0.5) if patient else 1):
+        tries = int(devapp.READY_SECONDS / 0.5) if patient else 1
+        for attempt in range(tries):
             try:
                 answer = await self.client.sync_app(self.slug)
                 break
             except stepline.ApiError as exc:
-                if attempt + 1 >= (int(READY_SECONDS / 0.5) if patient else 1):
+                if attempt + 1 >= tries or self.stop.is_set():
                     _say(f"Not synced: {exc.message}")
                     if "signature" in exc.message:
                         _say(f"  start the app with STEPLINE_SIGNING_SECRET={DEV_SECRET}")
@@ -236,7 +203,7 @@ async def _app_row(orch: Orchestrator, name: str, url: str) -> Any:
 
 async def serve(settings: Settings, target: str, options: Any) -> int:
     """The dev loop until Ctrl-C (or, with ``options.once``, after the first sync)."""
-    child = None if is_url(target) else ChildApp(target, options.app_port)
+    child = None if is_url(target) else devapp.ChildApp(target, options.app_port, DEV_SECRET)
     try:
         url = check_url(target) if child is None else child.url
     except DevError as exc:
@@ -269,7 +236,7 @@ async def serve(settings: Settings, target: str, options: Any) -> int:
             _say(f"Dashboard: {base}/ui/  API key (dev): {key}")
             _say(f"App {name} ({row['slug']}) at {url}, signing secret {DEV_SECRET}")
             async with stepline.AsyncClient(base, api_key=key) as client:
-                dev = Loop(client, base, key, row["slug"], check)
+                dev = Loop(client, base, key, row["slug"], check, stop)
                 synced = False
                 if child is not None:
                     child.start()
