@@ -4,6 +4,7 @@ new code would break printed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -70,9 +71,11 @@ class Output:
             self.lines.put(line)
 
     def close(self) -> None:
-        """After the process ended: the rest read, the pipe closed."""
+        """After the process ended: the rest read, the pipe closed (unless something still
+        holds it open, when the reading thread is left to end with the test run)."""
         self.reader.join(timeout=10)
-        self.stream.close()
+        if not self.reader.is_alive():
+            self.stream.close()
 
     def until(self, text: str, timeout: float = 60) -> list[str]:
         """The lines printed up to and including the first one holding ``text``."""
@@ -93,7 +96,8 @@ class Output:
 @contextmanager
 def dev(args: list[str], cwd: Path, database_url: str) -> Iterator[tuple[Output, str]]:
     """``stepline dev ARGS`` running in ``cwd``; yields its output and the orchestrator's URL.
-    Stopped with Ctrl-C (SIGINT) on leaving, which must end it with status 0."""
+    Stopped with Ctrl-C on leaving (SIGINT to its process group, as a terminal sends it),
+    which must end it with status 0; killed with its children if it does not."""
     port = free_port()
     env = {
         **os.environ,
@@ -107,16 +111,17 @@ def dev(args: list[str], cwd: Path, database_url: str) -> Iterator[tuple[Output,
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     out = Output(proc)
     try:
         yield out, f"http://127.0.0.1:{port}"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it (its app) goes too
+        proc.wait()
         out.close()
 
 

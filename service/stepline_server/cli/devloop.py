@@ -17,7 +17,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +37,7 @@ from stepline_server.store import apps, keys
 # started with it once and for all. Never use it for an orchestrator others can reach.
 DEV_SECRET = "whsec_stepline_dev_only"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+WATCH_TICK_MS = 500  # the watcher wakes this often with no change (and first says it watches)
 RELOAD_GRACE = 1.0  # after a change, how long an app reached by URL is given to reload
 
 
@@ -179,6 +180,21 @@ class Loop:
                 _say(f"  {item['result']} {item['runId']} {item['workflow']}: {item['summary']}")
 
 
+async def _changes(paths: list[Path], stop: asyncio.Event) -> AsyncIterator[set[str]]:
+    """The names of the Python files each save changed, until ``stop``. "Watching" is printed
+    once the watch is in place (its first wake-up), so no save made after it is missed."""
+    flt = watchfiles.PythonFilter(ignore_paths=[Path.cwd() / ".stepline"])
+    announced = False
+    async for batch in watchfiles.awatch(
+        *paths, watch_filter=flt, stop_event=stop, yield_on_timeout=True, rust_timeout=WATCH_TICK_MS
+    ):
+        if not announced:
+            announced = True
+            _say("Watching " + ", ".join(map(str, paths)) + " for changes; Ctrl-C to stop.")
+        if batch:
+            yield {Path(p).name for _, p in batch}
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -248,12 +264,8 @@ async def serve(settings: Settings, target: str, options: Any) -> int:
                     synced = await dev.sync(patient=True)
                 if options.once:
                     return 0 if synced else 1
-                paths = watched(target, options.watch)
-                _say("Watching " + ", ".join(map(str, paths)) + " for changes; Ctrl-C to stop.")
-                flt = watchfiles.PythonFilter(ignore_paths=[Path.cwd() / ".stepline"])
-                async for batch in watchfiles.awatch(*paths, watch_filter=flt, stop_event=stop):
-                    files = sorted({Path(p).name for _, p in batch})
-                    _say(f"\nChanged: {', '.join(files)}")
+                async for files in _changes(watched(target, options.watch), stop):
+                    _say(f"\nChanged: {', '.join(sorted(files))}")
                     if child is not None:
                         await child.stop()
                         child.start()
