@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos deploy-check fuzz
+.PHONY: install dev test check bench chaos deploy-check fuzz browser
 
 install: $(STAMP)
 
@@ -17,8 +17,25 @@ $(STAMP): pyproject.toml
 dev: install
 	$(BIN)/stepline dev
 
-test: install
+test: install browser
 	$(BIN)/pytest -q
+
+# The dashboard's tests drive a real Chromium (Playwright, with the browser the system has; its
+# own browser download is never used). As root with apt-get, Debian's chromium is installed
+# when missing; otherwise this says how, and those tests are skipped. STEPLINE_CHROMIUM may name
+# the browser's binary (e.g. Chrome's on macOS).
+browser:
+	@if [ -n "$$STEPLINE_CHROMIUM" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then \
+	    true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium for the dashboard's browser tests (apt-get)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+	        || echo "chromium could not be installed: the dashboard's browser tests will be skipped"; \
+	else \
+	    echo "no chromium found: the dashboard's browser tests will be skipped." \
+	         "Install it (Debian/Ubuntu: sudo apt-get install chromium; macOS: brew install --cask chromium," \
+	         "then STEPLINE_CHROMIUM=/Applications/Chromium.app/Contents/MacOS/Chromium) and run make test again"; \
+	fi
 
 check: install
 	$(BIN)/ruff check .

@@ -21,10 +21,14 @@ from tests.support import Stack, app_server, orchestrator_stack, worker
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (apt-get install -y chromium)"
+CHROMIUM = (
+    os.environ.get("STEPLINE_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+    or shutil.which("google-chrome")
 )
+NO_CHROMIUM = "no chromium on PATH (`make browser` installs it; or set STEPLINE_CHROMIUM)"
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Keep the headless browser from calling anywhere but the orchestrator under test.
 CHROMIUM_ARGS = [
@@ -277,7 +281,7 @@ async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: En
     assert await page.locator("#bold").count() == 0
     assert await page.evaluate("window.pwned") is None
     await page.goto(f"{env.stack.url}/ui/schedules")
-    assert "90000ms" in await page.inner_text("td.sla")
+    assert await page.inner_text("td.sla") == "1m30s"
 
 
 async def test_the_run_page_says_which_generation_a_continued_run_is_in(env: Env) -> None:
@@ -301,7 +305,7 @@ async def test_pages_read_without_javascript(env: Env) -> None:
     page = await context.new_page()
     env.page = page
     await env.sign_in()
-    assert run["id"][:8] in await page.inner_text("#rows")
+    assert run["id"][-12:] in await page.inner_text("#rows")
     for name in ("workflows", "apps", "schedules", "events", "keys"):
         await page.click(f"nav >> text={name.title()}")
         await page.wait_for_url(f"**/ui/{name}")

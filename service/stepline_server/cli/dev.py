@@ -11,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import uvicorn
 
@@ -135,13 +136,32 @@ async def _demo(client: stepline.AsyncClient) -> str:
     return str(run["id"])
 
 
+def _with_loopback(settings: Settings) -> Settings:
+    if settings.app_networks:
+        return settings.with_(app_networks=settings.app_networks + egress.LOOPBACK)
+    return settings
+
+
+def run_loop(settings: Settings, args: Any) -> int:
+    """``stepline dev MODULE:ATTR`` or ``stepline dev URL`` (``devloop.py``) until Ctrl-C."""
+    from stepline_server.cli import devloop
+
+    result = 0
+
+    async def main() -> None:
+        nonlocal result
+        result = await devloop.serve(_with_loopback(settings), args.app, args)
+
+    _run(main())
+    return result
+
+
 def run(settings: Settings, *, app_port: int, once: bool) -> int:
     """Run the dev stack until Ctrl-C (or, with ``once``, until the demo run ends).
 
     Loopback is always allowed (the example app runs there), whatever STEPLINE_APP_NETWORKS
     lists."""
-    if settings.app_networks:
-        settings = settings.with_(app_networks=settings.app_networks + egress.LOOPBACK)
+    settings = _with_loopback(settings)
     result = 0
 
     async def main() -> None:

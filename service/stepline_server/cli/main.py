@@ -98,10 +98,23 @@ def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument(
         "--workers", type=int, help="orchestrator processes on this port [STEPLINE_WORKERS, 1]"
     )
-    dev = sub.add_parser("dev", help=_cli.SERVER_COMMANDS["dev"])
+    dev = sub.add_parser(
+        "dev",
+        help="embedded PostgreSQL + orchestrator + your app (MODULE:ATTR or a loopback URL),"
+        " re-synced on every code change; without one, the example app and a demo run",
+    )
+    dev.add_argument(
+        "app",
+        nargs="?",
+        metavar="MODULE:ATTR|URL",
+        help="your app's Stepline (served here) or the loopback URL of its handler",
+    )
     dev.add_argument("--port", type=int, help="orchestrator port [STEPLINE_PORT, 8400]")
-    dev.add_argument("--app-port", type=int, default=8401, help="example app port [8401]")
-    dev.add_argument("--once", action="store_true", help="exit after the demo run ends")
+    dev.add_argument("--app-port", type=int, default=8401, help="port the app is served on [8401]")
+    dev.add_argument("--name", help="the app's name [the module's, or dev for a URL]")
+    dev.add_argument("--watch", action="append", default=[], help="folder to watch (repeatable)")
+    dev.add_argument("--check", metavar="MODULE:ATTR", help="code replay-check runs against")
+    dev.add_argument("--once", action="store_true", help="exit after the demo run or first sync")
     sub.add_parser("migrate", help=_cli.SERVER_COMMANDS["migrate"])
 
 
@@ -140,10 +153,11 @@ def run(args: argparse.Namespace) -> int:
         if not workers.is_child() and servers.port_in_use(settings.host, settings.port):
             print(servers.busy_port_message(settings.host, settings.port), file=sys.stderr)
             return 1
-        if args.command == "dev" and servers.port_in_use("127.0.0.1", args.app_port):
+        by_url = args.command == "dev" and (args.app or "").startswith(("http://", "https://"))
+        if args.command == "dev" and not by_url and servers.port_in_use("127.0.0.1", args.app_port):
             print(
-                f"stepline: 127.0.0.1:{args.app_port} (the example app's port) is already in"
-                " use; choose another with --app-port",
+                f"stepline: 127.0.0.1:{args.app_port} (the app's port) is already in use;"
+                " choose another with --app-port",
                 file=sys.stderr,
             )
             return 1
@@ -162,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.command == "dev":
             from stepline_server.cli import dev
 
+            if args.app:
+                return dev.run_loop(settings, args)
             return dev.run(settings, app_port=args.app_port, once=args.once)
     except KeyboardInterrupt:
         return 130

@@ -5,23 +5,30 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import Response
 
 from stepline_server import actions, appsync, payloads, serialize
 from stepline_server.engine import access
-from stepline_server.store import apps, keys, pause, schedules
+from stepline_server.store import apps, keys, pause, received_events, schedules
 from stepline_server.store.db import Record
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
+
+EVENTS_SHOWN = 100  # the newest events received, on the events page
 
 
 async def workflows_page(r: Req) -> Response:
     async with r.orch.pool.acquire() as conn:
         rows = await apps.workflows_page(conn, r.pid, None, 500)
+        names = {a["slug"]: a["name"] for a in await apps.page(conn, r.pid, None, 500)}
     return r.page(
-        "workflows.html", title="Workflows", workflows=[serialize.workflow(w) for w in rows]
+        "workflows.html",
+        title="Workflows",
+        workflows=[serialize.workflow(w) for w in rows],
+        app_names=names,
     )
 
 
@@ -111,7 +118,27 @@ async def change_schedule(r: Req) -> Response:
 
 
 async def events_page(r: Req) -> Response:
-    return r.page("events.html", title="Events")
+    """The send form, and the events received (kept a day) with the runs each resumed and
+    started."""
+    async with r.orch.pool.acquire() as conn:
+        received = [_event(e) for e in await received_events.recent(conn, r.pid, EVENTS_SHOWN)]
+        ids = {uuid.UUID(i) for e in received for i in e["resumed"] + e["started"]}
+        found = await received_events.runs_named(conn, r.pid, sorted(ids))
+    named = {str(x["id"]): {"workflow": x["workflow"], "status": x["status"]} for x in found}
+    return r.page("events.html", title="Events", received=received, runs=named)
+
+
+def _event(row: Record) -> dict[str, Any]:
+    answer = row["answer"] or {}
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "data": row["data"],
+        "key": row["key"],
+        "receivedAt": serialize.ts(row["received_at"]),
+        "resumed": list(answer.get("matched", [])),
+        "started": list(answer.get("started", [])),
+    }
 
 
 async def send_event(r: Req) -> Response:

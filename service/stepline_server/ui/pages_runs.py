@@ -166,6 +166,7 @@ async def _run(r: Req) -> dict[str, Any] | None:
         events = [serialize.event(e) for e in await runs.events(conn, r.pid, run_id, 0, 2000)]
         lines = [serialize.log_line(x) for x in await runs.logs(conn, r.pid, run_id, 0, LOG_LINES)]
         children = [s["childRunId"] for s in run["steps"] if s.get("childRunId")]
+        app = await apps.get(conn, r.pid, run["app"]) if run["app"] else None
     step_logs: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         if line["stepName"]:
@@ -174,6 +175,8 @@ async def _run(r: Req) -> dict[str, Any] | None:
         "logs": lines,
         "step_logs": step_logs,
         "run": run,
+        "app_name": app["name"] if app else None,
+        "unreachable": timeline.unreachable(run, events),
         "ended": run["status"] in rules.ENDED,
         "events": events,
         "invocations": timeline.invocations(events),

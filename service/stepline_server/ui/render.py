@@ -11,6 +11,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
 from stepline_server.cli.output import duration
+from stepline_server.ui import options
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -41,13 +42,38 @@ def _took(start: str | None, end: str | None) -> str:
     return duration(max(0.0, (b - a).total_seconds())) + ("" if end else "…")
 
 
+def _elapsed(start: str | None) -> str:
+    """How long since ``start``, as the CLI says durations."""
+    return _took(start, None).removesuffix("…")
+
+
+def _ms(value: float | None) -> str:
+    """Milliseconds as the CLI says durations (``30.0s``, ``1m30s``); ``-`` for none."""
+    return "-" if value is None else duration(max(0.0, value / 1000))
+
+
+def _tail(value: str) -> str:
+    """The end of an id, which tells apart ids made in the same minute (their starts are a
+    time stamp)."""
+    return "…" + value[-12:]
+
+
 env = Environment(
     loader=FileSystemLoader(TEMPLATES),
     autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True,
     lstrip_blocks=True,
 )
-env.filters.update(pretty=_pretty, compact=_compact, when=_when, took=_took)
+env.filters.update(
+    pretty=_pretty,
+    compact=_compact,
+    when=_when,
+    took=_took,
+    elapsed=_elapsed,
+    ms=_ms,
+    tail=_tail,
+    options=options.readable,
+)
 
 
 def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:

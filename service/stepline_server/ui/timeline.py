@@ -71,3 +71,24 @@ def invocations(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if e.get("deploymentId"):
             row["deploymentId"] = e["deploymentId"]
     return list(rows.values())
+
+
+def unreachable(run: dict[str, Any], events: list[dict[str, Any]]) -> str | None:
+    """A sentence for the run's banner when its app cannot be reached: the run still going while
+    its last invocation could not be delivered, or failed because the delivery window ran out."""
+    error = run.get("error") or {}
+    if run["status"] == "failed" and error.get("code") == "app_unreachable":
+        return f"Its app could not be reached, so the run failed: {error.get('message')}"
+    if run["status"] not in ("running", "cancelling"):
+        return None
+    last = next((e for e in reversed(events) if e["type"] == "invocation.ended"), None)
+    data = (last or {}).get("data") or {}
+    if data.get("outcome") != "delivery_failed":
+        return None
+    why = data.get("error") or "no answer"
+    status = f" (HTTP {last['httpStatus']})" if last and last.get("httpStatus") else ""
+    failures = run.get("deliveryFailures") or 0
+    return (
+        f"Its app is unreachable: {why}{status}. {failures} delivery attempt(s) failed; it is"
+        " tried again with backoff until the delivery window runs out."
+    )
