@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos deploy-check fuzz browser
+.PHONY: install dev test check bench chaos deploy-check fuzz browser model
 
 install: $(STAMP)
 
@@ -75,3 +75,20 @@ FUZZ_SEED ?= 1
 fuzz: install
 	STEPLINE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) STEPLINE_FUZZ_SECONDS=$(FUZZ_SECONDS) \
 	STEPLINE_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest -q -s tests/e2e/test_schemathesis.py
+
+# The model-based test of the run state machine (tests/model/test_model.py) run long: random
+# interleavings, MODEL_EXAMPLES examples of MODEL_STEPS rules each, again and again until
+# MODEL_MINUTES have passed (`make test` runs 3 derandomized examples). Fails on the first
+# counterexample, which hypothesis prints shrunk.
+MODEL_MINUTES ?= 30
+MODEL_EXAMPLES ?= 20
+MODEL_STEPS ?= 25
+model: install
+	@end=$$(( $$(date +%s) + $(MODEL_MINUTES) * 60 )); rounds=0; \
+	while [ $$(date +%s) -lt $$end ]; do \
+	    rounds=$$((rounds + 1)); \
+	    STEPLINE_MODEL_RANDOM=1 STEPLINE_MODEL_EXAMPLES=$(MODEL_EXAMPLES) \
+	    STEPLINE_MODEL_STEPS=$(MODEL_STEPS) $(BIN)/pytest -q -p no:cacheprovider \
+	        tests/model/test_model.py --hypothesis-show-statistics || exit 1; \
+	done; \
+	echo "model: $$rounds rounds of $(MODEL_EXAMPLES) random examples of up to $(MODEL_STEPS) rules, no counterexample"

@@ -110,6 +110,7 @@ async def test_a_full_dispatcher_leaves_new_runs_to_its_claim(database_url: str)
     counts: dict[str, int] = {}
     now_running = 0
     most = 0
+    both = asyncio.Event()
     sl = stepline.Stepline("secret-e2e")
 
     @sl.workflow("slow")
@@ -119,7 +120,11 @@ async def test_a_full_dispatcher_leaves_new_runs_to_its_claim(database_url: str)
             counts[f"work-{input}"] = counts.get(f"work-{input}", 0) + 1
             now_running += 1
             most = max(most, now_running)
-            await asyncio.sleep(0.3)  # long enough that the dispatcher is full meanwhile
+            if now_running == 2:
+                both.set()
+            # The first two wait for each other (so two ran at once, as a fact, not a timing);
+            # a dispatcher that ran only one at a time would leave the first waiting here.
+            await asyncio.wait_for(both.wait(), 10)
             now_running -= 1
             return input * 10
 
@@ -176,6 +181,7 @@ async def test_concurrency_caps_invocations_of_a_workflow(database_url: str, kin
     running at once, and all complete; a sleeping run holds no slot."""
     now_running = 0
     most = 0
+    pair = asyncio.Event()
     sl = stepline.Stepline("secret-e2e")
 
     @sl.workflow("capped", concurrency=2)
@@ -184,7 +190,9 @@ async def test_concurrency_caps_invocations_of_a_workflow(database_url: str, kin
             nonlocal now_running, most
             now_running += 1
             most = max(most, now_running)
-            await asyncio.sleep(0.5)  # long enough that two invocations surely overlap
+            if now_running == 2:
+                pair.set()
+            await asyncio.wait_for(pair.wait(), 10)  # the first two run at once, as a fact
             now_running -= 1
             return input
 
