@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,19 @@ class Stack:
 
     async def conn(self) -> db.Conn:
         return await db.connect(self.orchestrator.dsn)
+
+
+async def until(probe: Any, what: str, timeout: float = 20.0) -> Any:
+    """Poll the coroutine function ``probe`` until it answers something truthy; fail after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 def test_settings(**changes: Any) -> Settings:

@@ -4,25 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
 import stepline
-from tests.support import Stack, app_server, orchestrator_stack
-
-
-async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+from tests.support import Stack, app_server, orchestrator_stack, until
 
 
 def build(order: list[str]) -> stepline.Stepline:

@@ -4,7 +4,6 @@ a real orchestrator invoking a real SDK app over HTTP."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,19 +12,7 @@ import httpx
 
 import stepline
 from stepline_server.loops import repair
-from tests.support import Stack, app_server, orchestrator_stack
-
-
-async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
-    """Poll ``probe`` until it answers something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+from tests.support import Stack, app_server, orchestrator_stack, until
 
 
 async def step_status(stack: Stack, run_id: str, name: str) -> str | None:
