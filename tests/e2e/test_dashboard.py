@@ -404,3 +404,29 @@ async def test_a_pull_app_and_a_run_waiting_for_its_worker(env: Env) -> None:
     assert await row.locator("button").count() == 0
     await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
     assert "Waiting for a worker" in await page.inner_text("#waiting-for-worker")
+
+
+async def test_pause_a_workflow_from_its_page_and_see_it_on_a_waiting_run(env: Env) -> None:
+    """A write key pauses a workflow on the Workflows page: it shows paused, a run started then
+    is not invoked and its page says the workflow is paused; resumed from the same page, the
+    run goes on and completes."""
+    await env.sign_in()
+    page = env.page
+    await page.goto(env.stack.url + "/ui/workflows")
+    row = page.locator("tr", has_text="onboard")
+    await row.locator("button:has-text('Pause')").click()
+    await page.wait_for_selector(".flash >> text=Paused onboard")
+    assert await page.locator("tr", has_text="onboard").locator(".badge.warn").count() == 1
+    run = await env.client.start_run("onboard", {"user": "paused"})
+    other = await env.client.start_run("echo-html", None)
+    await env.client.wait_run(other["id"], timeout=20)  # the dispatcher had its chance
+    assert (await env.client.get_run(run["id"]))["steps"] == []
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert "Paused" in await page.inner_text(".paused-banner")
+    await page.goto(env.stack.url + "/ui/workflows")
+    await page.locator("tr", has_text="onboard").locator("button:has-text('Resume')").click()
+    await page.wait_for_selector(".flash >> text=Resumed onboard")
+    done = await env.client.wait_run(run["id"], timeout=20)
+    assert done["status"] == "completed"
+    await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
+    assert await page.locator(".paused-banner").count() == 0
