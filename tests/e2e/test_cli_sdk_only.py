@@ -19,6 +19,7 @@ import pytest
 
 import stepline
 from stepline._cli import MISSING_EXTRA
+from stepline_server.store import keys
 from tests.support import Stack, app_server, orchestrator_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,10 +200,13 @@ async def test_runs_show_tells_the_delivery_failures(sdk_only: Path, database_ur
 async def test_keys_environments_and_projects_over_rest_are_quiet(
     sdk_only: Path, database_url: str
 ) -> None:
-    """With ``--url`` and an admin key, ``keys``, ``environments`` and ``projects`` work over
-    REST and print what they made and nothing else; the new key works."""
+    """With ``--url`` and an owner key (environments are the owner's to make), ``keys``,
+    ``environments`` and ``projects`` work over REST and print what they made and nothing
+    else; the new key works."""
     async with orchestrator_stack(database_url) as stack:
-        where = ["--url", stack.url, "--api-key", stack.api_key]
+        async with stack.orchestrator.pool.acquire() as conn:
+            owner = await keys.create_key(conn, "owner", role="owner")
+        where = ["--url", stack.url, "--api-key", owner]
         made = await run_cli(sdk_only, None, "keys", "create", "--name", "ci", "--role", "read",
                              *where)  # fmt: skip
         assert made.returncode == 0 and made.stderr == "", made.stderr
