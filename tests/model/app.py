@@ -118,6 +118,7 @@ class App:
         self.ex = Executions()
         self.secret = SECRET
         self.sl = build(self.ex, self.secret)
+        self.built = [self.sl]  # every Stepline made, closed when the test ends
         self.handler = self.sl.asgi()
         self.restarts = 0
 
@@ -126,6 +127,7 @@ class App:
         self.secret = secret or self.secret
         self.sl.parked.clear()
         self.sl = build(self.ex, self.secret)
+        self.built.append(self.sl)
         self.handler = self.sl.asgi()
         self.restarts += 1
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import tempfile
 import threading
@@ -149,16 +148,34 @@ class World:
         finally:
             await conn.close()
 
-    def close(self) -> None:
+    async def _stop(self) -> None:
+        """Stop the app cleanly: its parked executions, its server (waiting for it to shut
+        down), the HTTP clients, then every task still pending on this loop."""
+        for sl in self.app.built:
+            sl.parked.clear()
         if self._server is not None:
             self._server.should_exit = True
+            if self._serving is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._serving, 15)
         if self.http is not None:
+            await self.http.aclose()
+        for sl in self.app.built:
             with contextlib.suppress(Exception):
-                self.run(self.http.aclose(), timeout=10)
+                await sl.aclose()
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run(self._stop(), timeout=60)
         if self.orchestrator is not None:
             self.orchestrator.close()
         self.pg.remove()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        self.loop.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-        os.environ.pop("STEPLINE_MODEL_WORLD", None)
