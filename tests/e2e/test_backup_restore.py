@@ -51,22 +51,27 @@ def clusters() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _until_sleeping(client: stepline.AsyncClient, run_id: str, step: str) -> None:
+async def _until_waiting(client: stepline.AsyncClient, run_id: str, step: str) -> str:
+    """The id of the callback ``step`` once the run waits on it, its invocation over."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         run = await client.get_run(run_id)
-        if any(s["name"] == step and s["status"] == "sleeping" for s in run["steps"]):
-            return
+        steps = {s["name"]: s for s in run["steps"]}
+        ended = [e async for e in client.iter_run_events(run_id) if e["type"] == "invocation.ended"]
+        if step in steps and steps[step]["status"] == "waiting" and ended:
+            return str(steps[step]["callbackId"])
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{step} never slept")
+    raise AssertionError(f"{step} never waited")
 
 
 async def test_a_run_goes_on_after_a_dump_is_restored_into_a_new_cluster(
     clusters: tuple[EmbeddedPostgres, EmbeddedPostgres],
 ) -> None:
-    """A run sleeping when its database is dumped goes on, after the dump is restored into a
-    new cluster, with the same app process (its kept history and parked execution built on the
-    old one): each step ran once and the run completes."""
+    """A run waiting on a callback when its database is dumped goes on after the dump is
+    restored into a new cluster (whose transaction ids are all below those of the old one's
+    snapshots) and the callback is completed there, with the same app process (its kept
+    history built on the old cluster): the invocation brings the callback's body, each step
+    ran once and the run completes."""
     old, new = clusters
     ran: dict[str, int] = {}
     sl = stepline.Stepline("secret-restore")
@@ -78,16 +83,19 @@ async def test_a_run_goes_on_after_a_dump_is_restored_into_a_new_cluster(
     @sl.workflow("across")
     async def across(ctx: stepline.Context, input: Any) -> Any:
         a = await ctx.step("a", once, "a")
-        await ctx.sleep("nap", "1500ms")
+        approval = await ctx.callback("approval", timeout="1h")
+        await ctx.step("notify", once, "notify")
+        body = await approval.wait()
         b = await ctx.step("b", once, "b")
-        return [a, b]
+        return [a, body, b]
 
     source = old.start()
     async with app_server(sl) as url:
         async with orchestrator_stack(source) as stack:
             await stack.register(sl, url)
             run = await stack.client.start_run("across", None)
-            await _until_sleeping(stack.client, run["id"], "nap")
+            callback = await _until_waiting(stack.client, run["id"], "approval")
+            assert ran == {"a": 1, "notify": 1}
         conn = await asyncpg.connect(source)
         try:
             snapshot = await conn.fetchval("SELECT history_snapshot::text FROM runs")
@@ -105,7 +113,8 @@ async def test_a_run_goes_on_after_a_dump_is_restored_into_a_new_cluster(
         finally:
             shutil.rmtree(dump.parent, ignore_errors=True)
         async with orchestrator_stack(target) as stack:
+            await stack.client.complete_callback(callback, "approved")
             done = await stack.client.wait_run(run["id"], timeout=30)
     assert done["status"] == "completed", done
-    assert done["output"] == ["a", "b"]
-    assert ran == {"a": 1, "b": 1}
+    assert done["output"] == ["a", "approved", "b"]
+    assert ran == {"a": 1, "notify": 1, "b": 1}
