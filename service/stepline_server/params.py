@@ -88,8 +88,9 @@ def query_refusal(query_string: bytes) -> Refusal | None:
     for name, value in parse_qsl(text, keep_blank_values=True):
         problem = text_problem(name) or text_problem(value)
         if problem:
-            where = f"query.{name[:64]}".encode("unicode_escape").decode("ascii")
-            message = f"invalid query parameter {where[6:]!r}: {problem}"
+            # Named as the other checks of a query parameter name it (``fields.cursor``).
+            where = name[:64].encode("unicode_escape").decode("ascii")
+            message = f"invalid query parameter {where!r}: {problem}"
             return Refusal(422, "validation_failed", message, {"fields": {where: problem}})
     return None
 

@@ -401,7 +401,8 @@ async def test_a_pull_app_and_a_run_waiting_for_its_worker(env: Env) -> None:
     await page.goto(f"{env.stack.url}/ui/apps")
     row = page.locator("tr", has_text="workers")
     assert "pull" in await row.inner_text() and "synced by its workers" in await row.inner_text()
-    assert await row.locator("button").count() == 0
+    assert await row.locator("button:has-text('Sync')").count() == 0
+    assert await row.locator("button:has-text('Pause')").count() == 1
     await page.goto(f"{env.stack.url}/ui/runs/{run['id']}")
     assert "Waiting for a worker" in await page.inner_text("#waiting-for-worker")
 
