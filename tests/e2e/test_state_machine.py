@@ -216,3 +216,31 @@ async def test_a_run_left_without_a_way_forward_is_found_and_invoked_again(
         async with httpx.AsyncClient() as http:
             text = (await http.get(stack.url + "/metrics")).text
         assert 'stepline_runs_repaired_total{workflow="waits"} 1.0' in text
+
+
+async def test_a_start_with_a_run_key_still_names_the_run_after_it_continued_as_new(
+    database_url: str,
+) -> None:
+    """Found by the model test: the same start (run key and input) sent again after the run
+    continued as new answers that run (200), not a run-key conflict; another input still
+    conflicts."""
+    sl = stepline.Stepline("secret-key-gen")
+
+    @sl.workflow("renews")
+    async def renews(ctx: stepline.Context, input: dict[str, int]) -> Any:
+        if input["n"] < 2:
+            ctx.continue_as_new({"n": input["n"] + 1})
+        return (await (await ctx.callback("hold")).wait(), ctx.generation)
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        first = await stack.client.start_run("renews", {"n": 1}, run_key="renewing-1")
+        await until(lambda: _is(step_status(stack, first["id"], "hold"), "waiting"), "gen 2")
+        again = await stack.client.start_run("renews", {"n": 1}, run_key="renewing-1")
+        assert again["id"] == first["id"] and again["generation"] == 2
+        try:
+            await stack.client.start_run("renews", {"n": 5}, run_key="renewing-1")
+        except stepline.ApiError as exc:
+            assert exc.status == 409 and exc.code == "run_key_conflict"
+        else:
+            raise AssertionError("another input was accepted under the run key")

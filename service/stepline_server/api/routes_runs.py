@@ -102,7 +102,10 @@ async def _create(
         if body.run_key is not None:
             existing = await runs.by_key(conn, new.project_id, body.run_key)
             if existing is not None:
-                if existing["workflow"] == body.workflow and existing["input"] == body.input:
+                # A run continued as new is named by the input it was started with.
+                first = existing["first_input"]
+                started_with = existing["input"] if first is None else first
+                if existing["workflow"] == body.workflow and started_with == body.input:
                     return existing, False
                 raise RunKeyConflict(
                     f"run key {body.run_key!r} belongs to run {existing['id']} with a different"

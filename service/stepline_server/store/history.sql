@@ -28,9 +28,12 @@ ORDER BY s.position;
 -- name: continue_run
 -- The invocation of run $1 holding lease $2 continued as new with input $3: the run's next
 -- generation starts, due now, with no steps (the history keeps what they did; callbacks still
--- pending are cancelled). Answers the new generation; no row when the lease was lost.
+-- pending are cancelled); the input it was started with is kept (first_input: a start with
+-- its run key and that input still names this run). Answers the new generation; no row when
+-- the lease was lost.
 WITH r AS (
     UPDATE runs SET
+        first_input = CASE WHEN generation = 1 THEN input ELSE first_input END,
         input = $3::jsonb, generation = generation + 1, lease_token = NULL, lease_owner = NULL,
         invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), version = version + 1,
         history_snapshot = NULL, history_invocation = NULL

@@ -14,6 +14,11 @@ ALTER TABLE runs ADD COLUMN paused boolean NOT NULL DEFAULT false;
 COMMENT ON COLUMN runs.paused IS 'Due while its workflow or app was paused: set aside (ready_at at its deadline, no lease) until the pause ends.';
 CREATE INDEX runs_paused ON runs (project_id, workflow, priority DESC, created_at) WHERE paused;
 
+-- A run continued as new keeps the input it was started with: a start naming its run key with
+-- that input answers the run (idempotent), whatever generation it is in.
+ALTER TABLE runs ADD COLUMN first_input jsonb;
+COMMENT ON COLUMN runs.first_input IS 'The input the run was started with, once it has continued as new (input is then the current generation''s); NULL while it is in its first generation.';
+
 -- The protocol an app speaks, as its last sync declared it (1: whole histories only).
 ALTER TABLE apps ADD COLUMN protocol_version integer NOT NULL DEFAULT 1 CHECK (protocol_version >= 1);
 COMMENT ON COLUMN apps.protocol_version IS 'The protocol version the app declared at its last sync (1 when it declared none): only features of that version are used when invoking it.';
