@@ -89,7 +89,7 @@ async def test_stepline_dev_keeps_its_key(database_url: str, tmp_path: Path) -> 
         assert await tenancy.dev_key(conn, tmp_path) == first
         assert (tmp_path / tenancy.DEV_KEY_FILE).stat().st_mode & 0o777 == 0o600
         row = await keys.find_key(conn, first)
-        assert row is not None and row["role"] == "admin"
+        assert row is not None and row["role"] == "owner"
         await keys.revoke_key(conn, row["id"], None)
         second = await tenancy.dev_key(conn, tmp_path)
         assert second != first and await keys.find_key(conn, second) is not None
