@@ -77,9 +77,11 @@ def details(row: JSON) -> str:
         parts.append(f"db {x.get('db_size')}, vacuumed in {x.get('vacuum_s')} s")
         for workload, ratio in (x.get("after_vs_empty") or {}).items():
             parts.append(f"{workload} x{ratio['steps_per_s']} steps/s x{ratio['p50_ms']} p50")
-        for query, scans in (x.get("plans") or {}).items():
-            seq = [s for s in scans if s.startswith("Seq Scan")]
-            parts.append(f"{query}: {'; '.join(seq) if seq else 'index scans only'}")
+        plans = x.get("plans") or {}
+        for query, seq in plans.items():
+            parts.append(f"{query}: {'; '.join(seq)}")
+        if not plans:
+            parts.append("every run-loop statement: index scans only on large tables")
     elif name == "sweep":
         parts.append(
             f"{x.get('runs', 0):,} runs past retention deleted in {x.get('took_s')} s "

@@ -1,7 +1,10 @@
 """The ``scale`` workload: ``steps``, ``sleep`` and ``callback`` on the database as it is, then
-again after filling it with ended runs (3 steps and 7 history events each) and sleeping runs by
-set-based inserts (then vacuumed and analysed); and the plans of the claim and begin statements
-on the full database."""
+again after filling it by set-based inserts (then vacuumed and analysed) with ended runs (3 steps
+and 7 history events each; a quarter also waited on a callback, a quarter on an event, a tenth
+are child runs of the run before them, with their parent's ``invoke`` step) and runs waiting
+(a third asleep, a third on a pending callback, a third on an event), and a day of received
+events; then which of the run loop's statements would read a large table whole, from their
+generic plans (the plans a prepared statement settles on) on the full database."""
 
 from __future__ import annotations
 
@@ -27,6 +30,38 @@ CREATE TEMP TABLE fill_ids ON COMMIT DROP AS
 SELECT (lpad(to_hex(((extract(epoch FROM now()) - g - 1 - $2) * 1000)::bigint), 12, '0') || '7'
         || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id, g + $2::int AS g
 FROM generate_series(1, $1::int) g, LATERAL (SELECT md5(random()::text || g) AS h) r"""
+# A tenth of the ended runs are children of the run created just before them (which is not one).
+_CHILDREN = """
+UPDATE runs c SET parent_run_id = p.id, parent_step = 'child', trigger = 'parent'
+FROM fill_ids f JOIN fill_ids p ON p.g = f.g + 1
+WHERE c.id = f.id AND f.g % 10 = 2 AND c.project_id = $1"""
+_PARENT_STEPS = """
+INSERT INTO steps (run_id, name, project_id, kind, status, position, output, ended_at,
+                   child_run_id)
+SELECT p.id, 'child', $1, 'invoke', 'completed', 9, '3', now(), f.id
+FROM fill_ids f JOIN fill_ids p ON p.g = f.g + 1
+WHERE f.g % 10 = 2"""
+# A quarter of the ended runs waited on a callback (completed), a quarter on an event.
+_ENDED_CALLBACK_STEPS = """
+INSERT INTO steps (run_id, name, project_id, kind, status, position, output, ended_at,
+                   callback_id)
+SELECT f.id, 'cb', $1, 'callback', 'completed', 10, '{"ok": true}', now(), f.id
+FROM fill_ids f WHERE f.g % 4 = 0"""
+_ENDED_CALLBACKS = """
+INSERT INTO callbacks (id, project_id, run_id, step_name, status, body, completed_at)
+SELECT f.id, $1, f.id, 'cb', 'completed', '{"ok": true}', now()
+FROM fill_ids f WHERE f.g % 4 = 0"""
+_ENDED_EVENT_STEPS = """
+INSERT INTO steps (run_id, name, project_id, kind, status, position, output, ended_at,
+                   event_name)
+SELECT f.id, 'ev', $1, 'event', 'completed', 10, '{"ok": true}', now(), 'bench.filled-' || f.g % 1000
+FROM fill_ids f WHERE f.g % 4 = 1"""
+# A day of events received (they are kept a day), one a second.
+_RECEIVED_EVENTS = """
+INSERT INTO events (id, project_id, name, data, received_at)
+SELECT gen_random_uuid(), $1, 'bench.filled-' || g % 1000, '{"ok": true}',
+       now() - g * interval '1 second'
+FROM generate_series(1, least($2::int, 86000)) g"""
 _ENDED_RUNS = """
 INSERT INTO runs (id, project_id, app_id, workflow, status, input, output, created_at,
                   started_at, ended_at, version, next_seq)
@@ -52,10 +87,25 @@ INSERT INTO runs (id, project_id, app_id, workflow, status, input, created_at, s
 SELECT id, $1, $2, 'idle', 'running', '{"ms": 3600000}', now(), now(),
        now() + interval '1 hour' + g * interval '10 ms', 5
 FROM fill_ids"""
+# A third of the waiting runs sleep, a third wait on a callback, a third on an event (neither
+# with a timeout, so only their sleepers have a due time).
 _SLEEPING_STEPS = """
-INSERT INTO steps (run_id, name, project_id, kind, status, position, wake_at)
-SELECT f.id, 'nap', $1, 'sleep', 'sleeping', 3, now() + interval '1 hour' + f.g * interval '10 ms'
-FROM fill_ids f"""
+INSERT INTO steps (run_id, name, project_id, kind, status, position, wake_at, callback_id,
+                   event_name)
+SELECT f.id, 'nap', $1, w.kind, w.status, 3, w.wake_at, w.callback_id, w.event_name
+FROM fill_ids f CROSS JOIN LATERAL (
+    SELECT CASE f.g % 3 WHEN 0 THEN 'sleep' WHEN 1 THEN 'callback' ELSE 'event' END::step_kind AS kind,
+           CASE f.g % 3 WHEN 0 THEN 'sleeping' ELSE 'waiting' END::step_status AS status,
+           CASE WHEN f.g % 3 = 0 THEN now() + interval '1 hour' + f.g * interval '10 ms' END AS wake_at,
+           CASE WHEN f.g % 3 = 1 THEN f.id END AS callback_id,
+           CASE WHEN f.g % 3 = 2 THEN 'bench.waited-' || f.g % 1000 END AS event_name
+) w"""
+_PENDING_CALLBACKS = """
+INSERT INTO callbacks (id, project_id, run_id, step_name)
+SELECT f.id, $1, f.id, 'nap' FROM fill_ids f WHERE f.g % 3 = 1"""
+_WAITING_RUNS = """
+UPDATE runs r SET ready_at = NULL
+FROM fill_ids f WHERE r.id = f.id AND f.g % 3 <> 0 AND r.project_id = $1"""
 _SLEEPING_EVENTS = """
 INSERT INTO run_events (run_id, seq, project_id, type, step_name)
 SELECT f.id, k, $1,
@@ -73,9 +123,11 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
         )
         t0 = time.monotonic()
         batches = [
-            (ended, (_ENDED_RUNS, _ENDED_STEPS, _ENDED_EVENTS)),
-            (sleeping, (_SLEEPING_RUNS, _SLEEPING_STEPS, _SLEEPING_EVENTS)),
-        ]
+            (ended, (_ENDED_RUNS, _ENDED_STEPS, _ENDED_EVENTS, _CHILDREN, _PARENT_STEPS,
+                     _ENDED_CALLBACK_STEPS, _ENDED_CALLBACKS, _ENDED_EVENT_STEPS)),
+            (sleeping, (_SLEEPING_RUNS, _SLEEPING_STEPS, _SLEEPING_EVENTS, _PENDING_CALLBACKS,
+                        _WAITING_RUNS)),
+        ]  # fmt: skip
         for n, statements in batches:
             if n <= 0:
                 continue
@@ -84,36 +136,64 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
                 await conn.execute(statements[0], app["project_id"], app["id"])
                 for sql in statements[1:]:
                     await conn.execute(sql, app["project_id"])
+        if ended > 0:
+            await conn.execute(_RECEIVED_EVENTS, app["project_id"], ended)
         took = time.monotonic() - t0
         # A database that grew over months has long been vacuumed: so is this one before the
         # workloads, or autovacuum of the new rows would be what they measure.
         t1 = time.monotonic()
-        await conn.execute("VACUUM (ANALYZE) runs, steps, run_events, callbacks")
+        await conn.execute("VACUUM (ANALYZE) runs, steps, run_events, callbacks, events")
         vacuum = time.monotonic() - t1
         size = await conn.fetchval("SELECT pg_size_pretty(pg_database_size(current_database()))")
-        plans = {name: await _plan(conn, name, args) for name, args in _PLANNED.items()}
+        plans = await _plans(conn)
     finally:
         await conn.close()
     return {"ended": ended, "sleeping": sleeping, "fill_s": round(took, 1),
             "vacuum_s": round(vacuum, 1), "db_size": size, "plans": plans}  # fmt: skip
 
 
-# Each statement of the run loop's claim and begin, with arguments of a typical call.
-_PLANNED: dict[str, tuple[Any, ...]] = {
-    "claim_due": (64, "explain", 20.0, 0.05, True, "{}"),
-    "next_due_in": (True,),
-    "due_backlog": (),
-    "begin_invocations": ("[]", 0.05, 262144),
-}
+# The run loop's statements (claims, begins, progress, suspends and ends, the waits' wake-ups) and
+# the runs API's (start, read, history).
+_LOOP_FILES = ("dispatch", "gates", "history", "leases", "pull", "runs", "waits")
+# The tables that grow with the runs kept: a statement that reads one of them whole does not scale.
+_LARGE = ("runs", "steps", "run_events", "callbacks", "events", "run_logs")
 
 
-async def _plan(conn: asyncpg.Connection, name: str, args: tuple[Any, ...]) -> list[str]:
-    """How the statement reads its tables: the scan nodes of its plan, in order."""
+def _loop_statements() -> list[str]:
+    from importlib import resources
+
+    names = []
+    for stem in _LOOP_FILES:
+        text = (resources.files("stepline_server.store") / f"{stem}.sql").read_text()
+        names += [line.split(":", 1)[1].strip() for line in text.splitlines()
+                  if line.startswith("-- name:")]  # fmt: skip
+    return names
+
+
+async def _plans(conn: asyncpg.Connection) -> dict[str, list[str]]:
+    """Each run-loop statement's large tables read whole (``Seq Scan on …``) in its generic plan;
+    the statements that read none are left out."""
+    found = {}
+    for name in _loop_statements():
+        scans = await _plan(conn, name)
+        seq = [s for s in scans if s.startswith("Seq Scan") and s.split()[3] in _LARGE]
+        if seq:
+            found[name] = seq
+    return found
+
+
+async def _plan(conn: asyncpg.Connection, name: str) -> list[str]:
+    """How the statement's generic plan reads its tables: the scan nodes, in order."""
     async with conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         await conn.execute(f"PREPARE p AS {Q[name]}")
         try:
-            values = ", ".join(_literal(a) for a in args)
-            rows = await conn.fetch(f"EXPLAIN EXECUTE p{f'({values})' if args else ''}")
+            types = await conn.fetchval(
+                "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'p'"
+            )
+            # the generic plan does not depend on the values: nulls of each type will do
+            values = ", ".join(f"NULL::{t}" for t in types)
+            rows = await conn.fetch(f"EXPLAIN EXECUTE p{f'({values})' if types else ''}")
         finally:
             await conn.execute("DEALLOCATE p")
         lines = [r[0] for r in rows]
@@ -123,12 +203,6 @@ async def _plan(conn: asyncpg.Connection, name: str, args: tuple[Any, ...]) -> l
         if " Scan " in line or line.strip().startswith(("Seq Scan", "Index", "Bitmap"))
     ]
     return list(dict.fromkeys(scans))
-
-
-def _literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f"'{value}'" if isinstance(value, str) else str(value)
 
 
 async def scale(bench: Bench, dsn: str, runs: int, steps: int, sleep_ms: int, ended: int,

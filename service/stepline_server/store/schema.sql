@@ -169,6 +169,7 @@ COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, e
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
 CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
+CREATE INDEX runs_ready_workflow ON runs (project_id, workflow, ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
