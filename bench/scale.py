@@ -54,7 +54,8 @@ FROM fill_ids f WHERE f.g % 4 = 0"""
 _ENDED_EVENT_STEPS = """
 INSERT INTO steps (run_id, name, project_id, kind, status, position, output, ended_at,
                    event_name)
-SELECT f.id, 'ev', $1, 'event', 'completed', 10, '{"ok": true}', now(), 'bench.filled-' || f.g % 1000
+SELECT f.id, 'ev', $1, 'event', 'completed', 10, '{"ok": true}', now(),
+       'bench.filled-' || f.g % 1000
 FROM fill_ids f WHERE f.g % 4 = 1"""
 # A day of events received (they are kept a day), one a second.
 _RECEIVED_EVENTS = """
@@ -94,9 +95,11 @@ INSERT INTO steps (run_id, name, project_id, kind, status, position, wake_at, ca
                    event_name)
 SELECT f.id, 'nap', $1, w.kind, w.status, 3, w.wake_at, w.callback_id, w.event_name
 FROM fill_ids f CROSS JOIN LATERAL (
-    SELECT CASE f.g % 3 WHEN 0 THEN 'sleep' WHEN 1 THEN 'callback' ELSE 'event' END::step_kind AS kind,
+    SELECT CASE f.g % 3 WHEN 0 THEN 'sleep' WHEN 1 THEN 'callback' ELSE 'event'
+           END::step_kind AS kind,
            CASE f.g % 3 WHEN 0 THEN 'sleeping' ELSE 'waiting' END::step_status AS status,
-           CASE WHEN f.g % 3 = 0 THEN now() + interval '1 hour' + f.g * interval '10 ms' END AS wake_at,
+           CASE WHEN f.g % 3 = 0 THEN now() + interval '1 hour' + f.g * interval '10 ms'
+           END AS wake_at,
            CASE WHEN f.g % 3 = 1 THEN f.id END AS callback_id,
            CASE WHEN f.g % 3 = 2 THEN 'bench.waited-' || f.g % 1000 END AS event_name
 ) w"""
