@@ -151,6 +151,8 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
             ended = await stack.client.wait_run(r["id"], timeout=30)
             assert ended["status"] == "completed" and ended["trigger"] == "retry"
             assert await by_events(stack, r["id"], "run.retried") == [f"operation:{op['id']}"]
+            # the run starts again, and that start names the operation too (the first did not)
+            assert await by_events(stack, r["id"], "run.started") == [None, f"operation:{op['id']}"]
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(stack.url + "/metrics")).text
         assert 'stepline_runs_started_total{trigger="bulk",workflow="breaks"} 10.0' in metrics

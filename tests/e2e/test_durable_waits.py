@@ -982,8 +982,10 @@ async def test_retry_of_a_parent_runs_its_failed_child_again(database_url: str) 
         assert child["status"] == "completed" and child["output"] == 6
         assert counts == {"prepare": 1, "first": 1, "buggy": 2}
         child_types = await event_types(stack, child_id)
-        assert child_types.count("run.started") == 1
+        # the same child run again (not a new one): it failed, was retried, and started again
+        assert child_types.count("run.started") == 2
         assert child_types.index("run.failed") < child_types.index("run.retried")
+        assert child_types[child_types.index("run.retried") + 1] == "run.started"
         assert child_types[-1] == "run.completed"
 
 

@@ -469,8 +469,8 @@ async def restart(
 ) -> Record:
     """Run an ended run again, from its first failed or unfinished step (or the step at
     ``position``, when earlier); with ``trigger``, the run says it came from there now (its
-    ``run.retried`` event keeps the trigger it had); ``by`` names who asked (``data.by``, e.g.
-    a bulk operation). In a transaction, with the run locked. Raises
+    ``run.retried`` event keeps the trigger it had), and a ``run.started`` event follows it;
+    ``by`` names who asked (``data.by`` of both, e.g. a bulk operation). In a transaction, with the run locked. Raises
     :class:`~stepline_server.engine.runs.RuleError` while another run not ended holds its
     singleton key (a unique index backs this: two retries at once cannot both pass)."""
     holder = await conn.fetchval(Q["singleton_holder"], run_id)
@@ -482,9 +482,12 @@ async def restart(
     data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
     if trigger is not None and before != trigger:
         data["previousTrigger"] = before
+    started: dict[str, Any] = {"trigger": row["trigger"]}
     if by is not None:
-        data["by"] = by
-    await runs.append_events(conn, run_id, [{"type": "run.retried", "data": data}])
+        data["by"] = started["by"] = by
+    # The retry is said (run.retried: from where, who asked), then the run starts again.
+    events = [{"type": "run.retried", "data": data}, {"type": "run.started", "data": started}]
+    await runs.append_events(conn, run_id, events)
     await conn.execute(Q["notify_wake"])
     return row
 

@@ -153,7 +153,8 @@ async def retry(
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
     one (and before ``from_step``, if given: a completed run may be reset so); its trigger
     becomes ``retry``. The API, the dashboard and bulk operations all retry through here.
-    ``by`` names who asked in its ``run.retried`` event (``data.by``: a bulk operation).
+    ``by`` names who asked in its ``run.retried`` and ``run.started`` events (``data.by``: a
+    bulk operation).
     RuleError when its state does not allow it, or another run holds its singleton key."""
     try:
         return await _retry(conn, project_id, run_id, from_step, by)
