@@ -470,9 +470,10 @@ async def restart(
     """Run an ended run again, from its first failed or unfinished step (or the step at
     ``position``, when earlier); with ``trigger``, the run says it came from there now (its
     ``run.retried`` event keeps the trigger it had), and a ``run.started`` event follows it;
-    ``by`` names who asked (``data.by`` of both, e.g. a bulk operation). In a transaction, with the run locked. Raises
-    :class:`~stepline_server.engine.runs.RuleError` while another run not ended holds its
-    singleton key (a unique index backs this: two retries at once cannot both pass)."""
+    ``by`` names who asked (``data.by`` of both, e.g. a bulk operation). In a transaction, with
+    the run locked. Raises :class:`~stepline_server.engine.runs.RuleError` while another run not
+    ended holds its singleton key (a unique index backs this: two retries at once cannot both
+    pass)."""
     holder = await conn.fetchval(Q["singleton_holder"], run_id)
     if holder is not None:
         raise rules.RuleError(rules.singleton_taken(holder))
