@@ -131,6 +131,7 @@ class Orchestrator:
                     self.dispatcher.wake,
                     self.waiters.ended,
                     on_connected=self.waiters.wake_all,
+                    on_schedule=self.scheduler.wake,
                 ),
             )
             self.supervisor.start()

@@ -1,5 +1,9 @@
 """JSON sent by a person or a client, parsed and checked one way for every route and form.
 
+Fields the API and the dashboard both take are checked by the same pydantic models, whose
+refusals :func:`invalid_fields` words once (``invalid fields: …``, each field named); a URL the
+orchestrator is to call is an :data:`AppUrl`.
+
 The API's request bodies (:func:`stepline_server.api.responses.read_json`) and the dashboard's
 JSON fields (a callback's body, an event's data) both go through :func:`parse`, so a form
 accepts exactly what its REST route does: JSON of at most 1 MiB that can be stored and sent
@@ -10,11 +14,13 @@ within 64 bits, no NaN or Infinity, ``1e400`` included).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from pydantic import AfterValidator, Field, ValidationError
 
 from stepline import _json
+from stepline_server.engine import egress
 
 MAX_BYTES = 1024 * 1024
 # A run of 20 digits may be an integer past 64 bits: such a text is parsed again exactly.
@@ -56,3 +62,14 @@ def parse(raw: bytes, *, what: str = "the request body", limit: int = MAX_BYTES)
 def parse_text(text: str, *, what: str) -> Any:
     """A form field's JSON text, checked as :func:`parse` checks a body."""
     return parse(text.encode("utf-8", "surrogatepass"), what=what)
+
+
+AppUrl = Annotated[str, Field(max_length=egress.MAX_URL), AfterValidator(egress.app_url)]
+"""A URL the orchestrator is to call (an app's, an alert's destination), in the form it sends."""
+
+
+def invalid_fields(exc: ValidationError) -> BadPayload:
+    """A pydantic refusal as ``validation_failed`` naming each bad field (dotted: ``a.b``)."""
+    fields = {".".join(str(p) for p in e["loc"]) or "body": e["msg"] for e in exc.errors()}
+    names = ", ".join(fields)
+    return BadPayload("validation_failed", f"invalid fields: {names}", {"fields": fields})

@@ -58,7 +58,8 @@ class Settings:
     auth_failure_delay_seconds: float = 1.0
     trusted_proxies: tuple[str, ...] = ()
     app_networks: tuple[str, ...] = ()
-    # Bulk operations: runs acted on per batch, and the least rest between two batches.
+    # Bulk operations: the most runs acted on per batch (and kept due or being invoked at
+    # once), and the least rest between two batches.
     bulk_batch_size: int = 10
     bulk_rest_seconds: float = 0.1
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from stepline_server.api.routes_apps import app_url
+from stepline_server.engine.egress import app_url
 from stepline_server.store import apps, keys
 from tests.support import Stack, free_port, orchestrator_stack
 

@@ -20,7 +20,7 @@ import pytest
 import stepline
 from stepline_server.api.app import build_app
 from stepline_server.orchestrator import Orchestrator
-from stepline_server.store import db, keys
+from stepline_server.store import db, keys, operations
 from tests import support
 from tests.support import (
     Stack,
@@ -223,13 +223,18 @@ async def idle_stack(database_url: str, **settings: Any) -> AsyncIterator[Stack]
             yield Stack(orch, url, key, client)
 
 
-async def test_a_run_that_no_longer_qualifies_is_skipped(database_url: str) -> None:
-    """A run retried by hand after the operation fixed its set, before the operation reached
-    it, is skipped, not failed; the others are retried."""
+async def failed_breaks(database_url: str, n: int) -> list[dict[str, Any]]:
+    """``n`` failed runs of ``breaks``, made by an orchestrator that has stopped since."""
     sl = bulk_app()
     async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
         await stack.register(sl, url)
-        failed = await start_ended(stack, "breaks", 3)
+        return await start_ended(stack, "breaks", n)
+
+
+async def test_a_run_that_no_longer_qualifies_is_skipped(database_url: str) -> None:
+    """A run retried by hand after the operation fixed its set, before the operation reached
+    it, is skipped, not failed; the others are retried."""
+    failed = await failed_breaks(database_url, 3)
     async with idle_stack(database_url, bulk_batch_size=10) as idle:
         op = await idle.client.bulk_runs("retry", {"workflow": "breaks"})
         assert op["matched"] == 3
@@ -242,16 +247,52 @@ async def test_a_run_that_no_longer_qualifies_is_skipped(database_url: str) -> N
         assert await by_events(idle, failed[0]["id"], "run.retried") == [f"operation:{op['id']}"]
 
 
+async def test_the_next_batch_waits_while_the_last_ones_runs_are_still_due(
+    database_url: str,
+) -> None:
+    """Runs an operation retried count as ahead of other workflows' runs while they are due
+    and no invocation has taken them (counted in the database): with a batch of 4 still due,
+    the next batch waits and acts on nothing; once they are taken (leased) they count as being
+    invoked, and the batch goes once they are no longer in the dispatcher."""
+    failed = await failed_breaks(database_url, 10)
+    async with idle_stack(database_url, bulk_batch_size=4) as idle:
+        op = await idle.client.bulk_runs("retry", {"workflow": "breaks"})
+        loop = idle.orchestrator.operations
+        assert (await loop.work_once()).done == 4
+        op_id = uuid.UUID(op["id"])
+        async with idle.orchestrator.pool.acquire() as conn:
+            assert await operations.ahead(conn, op_id, 20) == operations.Ahead(4, 0)
+        held = await loop.work_once()
+        assert held.held and held.done == 0
+        assert (await idle.client.get_operation(op["id"]))["succeeded"] == 4
+        retried = [r["id"] for r in failed[:4]]
+        conn = await idle.conn()
+        try:
+            await conn.execute(
+                "UPDATE runs SET lease_token = 't', ready_at = now() + interval '1 minute'"
+                " WHERE id = ANY ($1::uuid[])",
+                retried,
+            )
+            async with idle.orchestrator.pool.acquire() as c:
+                assert await operations.ahead(c, op_id, 20) == operations.Ahead(0, 4)
+            assert (await loop.work_once()).held
+            await conn.execute(
+                "UPDATE runs SET lease_token = NULL, ready_at = NULL WHERE id = ANY ($1::uuid[])",
+                retried,
+            )
+        finally:
+            await conn.close()
+        assert (await loop.work_once()).done == 4
+        assert (await idle.client.get_operation(op["id"]))["succeeded"] == 8
+
+
 async def test_cancelling_an_operation_stops_it_and_keeps_what_was_done(
     database_url: str,
 ) -> None:
     """``POST /v1/operations/{id}/cancel`` stops an operation between batches: the runs of the
     batches worked stay retried, the rest stay failed, and an ended operation cannot be
     cancelled again (409)."""
-    sl = bulk_app()
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
-        await stack.register(sl, url)
-        failed = await start_ended(stack, "breaks", 5)
+    failed = await failed_breaks(database_url, 5)
     async with idle_stack(database_url, bulk_batch_size=2) as idle:
         op = await idle.client.bulk_runs("retry", {"status": "failed"})
         await idle.orchestrator.operations.work_once()
@@ -274,10 +315,7 @@ async def test_an_error_acting_on_one_run_is_recorded_and_undoes_that_run_alone(
     """When acting on one run raises (here the database refuses to change it), that run counts
     as failed with its error shown by ``GET /v1/operations/{id}``, it is left as it was, and
     the other runs of the batch are retried."""
-    sl = bulk_app()
-    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
-        await stack.register(sl, url)
-        failed = await start_ended(stack, "breaks", 3)
+    failed = await failed_breaks(database_url, 3)
     async with idle_stack(database_url, bulk_batch_size=10) as idle:
         op = await idle.client.bulk_runs("retry", {"workflow": "breaks"})
         conn = await idle.conn()

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from stepline_server.store import keys
@@ -95,3 +96,58 @@ async def test_a_write_key_sees_no_alerts_page(browser_page: tuple[Stack, Any]) 
     answer = await page.goto(stack.url + "/ui/alerts")
     assert answer is not None and answer.status == 403
     assert "Alerts are for admin keys." in await page.inner_text("main")
+
+
+async def test_make_an_alert_on_the_page_and_see_a_refused_url(
+    browser_page: tuple[Stack, Any],
+) -> None:
+    """An admin makes a webhook alert with the page's form: it is listed with its types,
+    workflow and destination, and its secret is shown once. A destination the egress rules
+    refuse (a link-local address) is not made: the page shows the REST route's message and
+    reason for ``destination.url``, word for word, and keeps what was typed."""
+    stack, page = browser_page
+    await sign_in(stack, page, stack.api_key)
+    await page.goto(stack.url + "/ui/alerts")
+    url = "http://127.0.0.1:9/hooks/ops"
+    await page.fill("input[name=name]", "pager")
+    await page.check("input[name=on][value='run.failed']")
+    await page.check("input[name=on][value='run.stuck']")
+    await page.fill("input[name=workflow]", "checkout")
+    await page.select_option("select[name='destination.type']", "webhook")
+    await page.fill("input[name='destination.url']", url)
+    await page.click("button:has-text('Make alert')")
+    await page.wait_for_load_state()
+    assert await page.text_content(".made-alert h2") == "Alert pager made"
+    secret = await page.inner_text("#new-secret")
+    assert secret.startswith("whsec_")
+    section = page.locator("section.alert")
+    assert await section.count() == 1
+    meta = await section.locator(".meta").inner_text()
+    assert "on run.failed, run.stuck" in meta and "workflow checkout" in meta
+    assert f"webhook {url}" in meta
+    (made,) = (await stack.client.list_alerts())["alerts"]
+    assert made["name"] == "pager" and made["on"] == ["run.failed", "run.stuck"]
+    assert made["destination"] == {"type": "webhook", "url": url} and "secret" not in made
+
+    refused = "http://169.254.169.254/latest/meta-data"
+    body = {"name": "meta", "on": ["run.failed"], "destination": {"type": "slack", "url": refused}}
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        answer = await http.post(
+            "/v1/alerts", json=body, headers={"authorization": f"Bearer {stack.api_key}"}
+        )
+    assert answer.status_code == 422
+    error = answer.json()["error"]
+    reason = error["details"]["fields"]["destination.url"]
+    assert "link-local or cloud metadata address" in reason
+    await page.fill("input[name=name]", "meta")
+    await page.check("input[name=on][value='run.failed']")
+    await page.select_option("select[name='destination.type']", "slack")
+    await page.fill("input[name='destination.url']", refused)
+    await page.click("button:has-text('Make alert')")
+    await page.wait_for_load_state()
+    shown = await page.inner_text(".error-box")
+    assert f"Not made: {error['message']}" in shown
+    assert f"destination.url: {reason}" in shown
+    assert await page.input_value("input[name='destination.url']") == refused
+    assert await page.locator("section.alert").count() == 1
+    assert len((await stack.client.list_alerts())["alerts"]) == 1

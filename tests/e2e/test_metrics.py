@@ -228,3 +228,25 @@ async def test_a_schedules_tick_counts_its_run_and_its_start_lag(database_url: s
     assert value(s, "stepline_runs_started_total", workflow="report", trigger="schedule") == started
     assert value(s, "stepline_schedule_start_lag_seconds_count", workflow="report") == started
     assert value(s, "stepline_schedule_start_lag_seconds_sum", workflow="report") >= 60
+
+
+async def test_a_buffered_ticks_run_is_counted_when_it_starts(database_url: str) -> None:
+    """A ``buffer_one`` schedule's held tick starts its run once the active run ends, and that
+    run is counted like any tick's (trigger ``schedule``, with its start lag)."""
+    sl = make_app()
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        await stack.client.create_schedule("hold", "* * * * *", overlap="buffer_one")
+        later = datetime.now(UTC) + timedelta(minutes=2)
+        assert await stack.orchestrator.scheduler.tick(later) == 1  # one starts, one is held
+        (first,) = (await stack.client.list_runs(workflow="hold"))["runs"]
+        await stack.client.cancel_run(first["id"])
+        await stack.client.wait_run(first["id"], timeout=20)
+        for _ in range(100):  # the end makes the schedule due at the held tick
+            if await stack.orchestrator.scheduler.tick(later):
+                break
+            await asyncio.sleep(0.1)
+        assert len((await stack.client.list_runs(workflow="hold"))["runs"]) == 2
+        s = await scrape(stack.url)
+    assert value(s, "stepline_runs_started_total", workflow="hold", trigger="schedule") == 2
+    assert value(s, "stepline_schedule_start_lag_seconds_count", workflow="hold") == 2

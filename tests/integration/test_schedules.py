@@ -213,7 +213,8 @@ async def test_overlap_buffer_one_starts_the_waiting_tick_when_the_run_ends(
     sched: Scheduler, conn: db.Conn
 ) -> None:
     """``buffer_one`` holds one tick while a run is active, drops further ones, and starts the
-    held tick (with its own scheduled time) when the active run ends."""
+    held tick (with its own scheduled time) once the active run ends: the end makes the
+    schedule due at the held tick, and the scheduler's next pass starts its run."""
     sid = await make(conn, "* * * * *", overlap=rules.OverlapPolicy.BUFFER_ONE)
     for m in (1, 2, 3):
         await sched.tick(T0 + m * MIN)
@@ -224,6 +225,9 @@ async def test_overlap_buffer_one_starts_the_waiting_tick_when_the_run_ends(
     assert (await get(conn, sid))["buffered_tick_at"] == T0 + 2 * MIN
 
     await end(conn, first["id"], RunStatus.FAILED)
+    assert await fired_at(conn, sid) == [T0 + MIN]  # the run's end makes the schedule due
+    assert (await get(conn, sid))["next_fire_at"] == T0 + 2 * MIN
+    assert await sched.tick(T0 + 3 * MIN) == 1  # and the scheduler starts it (and counts it)
     assert await fired_at(conn, sid) == [T0 + MIN, T0 + 2 * MIN]
     second = (await runs_of(conn, sid))[1]
     assert second["id"] == rules.tick_run_id(sid, T0 + 2 * MIN)

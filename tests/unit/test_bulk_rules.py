@@ -61,13 +61,39 @@ def test_a_cancel_skips_runs_no_longer_running() -> None:
         assert bulk.cancel_outcome(status) is bulk.Outcome.SKIPPED
 
 
-def test_pacing_rests_between_batches_and_waits_for_room() -> None:
-    """A batch is followed by a rest (longer after a longer batch, longer with a backlog);
-    no batch goes while the dispatcher has a backlog or the last batch is still invoked."""
+def test_pacing_rests_between_batches() -> None:
+    """A batch is followed by a rest (longer after a longer batch, longer with a backlog)."""
     assert bulk.rest_after(0.0, 0) == bulk.REST_SECONDS
     assert bulk.rest_after(1.0, 0) == pytest.approx(1.0 * (1 - bulk.DUTY) / bulk.DUTY)
     assert bulk.rest_after(0.0, bulk.BACKLOG_ROOM + 1) > bulk.REST_SECONDS
-    assert bulk.may_act(0) and bulk.may_act(bulk.BACKLOG_ROOM)
-    assert not bulk.may_act(bulk.BACKLOG_ROOM + 1)
-    assert not bulk.may_act(0, busy=1)
+
+
+def test_a_batch_tops_up_the_operations_runs_in_the_dispatcher_to_one_batch() -> None:
+    """The next batch fills what keeps the operation's runs in the dispatcher (due and not
+    taken, or being invoked) at most one batch, once half a batch has room; none goes while
+    the dispatcher has a backlog; after waiting ROOM_WAIT_SECONDS a whole batch goes."""
+
+    def room(waiting: int = 0, invoking: int = 0, backlog: int = 0, held: float = 0.0) -> int:
+        return bulk.batch_room(
+            10, backlog=backlog, waiting=waiting, invoking=invoking, held_seconds=held
+        )
+
+    assert room() == 10
+    assert room(waiting=3) == 7 and room(invoking=4) == 6 and room(waiting=2, invoking=3) == 5
+    assert room(waiting=6) == 0 and room(waiting=3, invoking=3) == 0  # under half a batch
+    assert room(waiting=10) == 0 and room(invoking=25) == 0
+    for waiting, invoking in ((0, 0), (4, 0), (0, 5), (3, 2)):  # never past one batch
+        assert waiting + invoking + room(waiting, invoking) <= 10
+    assert room(backlog=bulk.BACKLOG_ROOM) == 10
+    assert room(backlog=bulk.BACKLOG_ROOM + 1) == 0
+    assert room(waiting=10, backlog=99, held=bulk.ROOM_WAIT_SECONDS) == 10  # it always moves
+    assert room(waiting=10, held=bulk.ROOM_WAIT_SECONDS - 0.1) == 0
+    assert bulk.batch_room(1, backlog=0, waiting=0, invoking=0) == 1
+    assert bulk.batch_room(1, backlog=0, waiting=1, invoking=0) == 0
+    assert bulk.batch_room(0, backlog=0, waiting=0, invoking=0) == 1  # a batch is one run at least
+    assert bulk.batch_room(3, backlog=0, waiting=1, invoking=0) == 2  # half of 3 is 2
+
+
+def test_history_names_the_operation() -> None:
+    """A run an operation acted on says so in its history's ``data.by``."""
     assert bulk.by("x") == "operation:x"

@@ -111,9 +111,8 @@ class AppUnreachable(ApiError):
 
 def from_validation(exc: ValidationError) -> ValidationFailed:
     """A pydantic error as a 422 naming each bad field."""
-    fields = {".".join(str(p) for p in e["loc"]) or "body": e["msg"] for e in exc.errors()}
-    names = ", ".join(fields)
-    return ValidationFailed(f"invalid fields: {names}", {"fields": fields})
+    refused = payloads.invalid_fields(exc)
+    return ValidationFailed(refused.message, refused.details)
 
 
 def from_payload(exc: payloads.BadPayload) -> ApiError:

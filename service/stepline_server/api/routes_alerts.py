@@ -4,58 +4,21 @@ deliveries of an alert's notifications."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import alerts_json
+from stepline_server import alert_input, alerts_json, payloads
+from stepline_server.alert_input import AlertCreate, AlertUpdate
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, path_uuid
-from stepline_server.api.errors import NotFound, ValidationFailed
+from stepline_server.api.errors import NotFound, ValidationFailed, from_payload
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.api.routes_apps import AppUrl
 from stepline_server.store import alerts
 from stepline_server.store.db import Record
 
-AlertType = Literal[
-    "run.failed",
-    "run.timedOut",
-    "run.stuck",
-    "app.unreachable",
-    "schedule.disabled",
-    "schedule.slaBreached",
-]
-_NAME = r"^[^\x00-\x1f\x7f]+$"
-_WORKFLOW = r"^[A-Za-z0-9_-]{1,64}$"
 _FIELDS = "name, on, workflow, destination"
-
-
-class Destination(BaseModel):
-    type: Literal["webhook", "slack"]
-    url: AppUrl
-
-
-Types = Annotated[list[AlertType], Field(min_length=1, max_length=16)]
-
-
-class AlertCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=128, pattern=_NAME)
-    on: Types
-    workflow: str | None = Field(default=None, pattern=_WORKFLOW)
-    destination: Destination
-
-
-class AlertUpdate(BaseModel):
-    name: str | None = Field(default=None, min_length=1, max_length=128, pattern=_NAME)
-    on: Types | None = None
-    workflow: str | None = Field(default=None, pattern=_WORKFLOW)
-    destination: Destination | None = None
-
-
-def _unique(types: list[str]) -> list[str]:
-    return list(dict.fromkeys(types))
 
 
 async def _env(request: Request) -> uuid.UUID:
@@ -64,10 +27,10 @@ async def _env(request: Request) -> uuid.UUID:
 
 async def _check_egress(request: Request, url: str) -> None:
     """422 naming ``destination.url`` when the egress rules refuse where it points."""
-    refusal = await orch(request).alert_sender.resolver.refusal(url)
-    if refusal is not None:
-        field = "destination.url"
-        raise ValidationFailed(f"invalid fields: {field}", {"fields": {field: refusal}})
+    try:
+        await alert_input.check_destination(orch(request), url)
+    except payloads.BadPayload as exc:
+        raise from_payload(exc) from None
 
 
 async def _alert(request: Request, pid: uuid.UUID) -> Record:
@@ -82,17 +45,10 @@ async def _alert(request: Request, pid: uuid.UUID) -> Record:
 async def create_alert(request: Request) -> Response:
     pid = await _env(request)
     body = await read_model(request, AlertCreate)
-    await _check_egress(request, body.destination.url)
-    async with orch(request).pool.acquire() as conn:
-        row = await alerts.create(
-            conn,
-            pid,
-            body.name,
-            _unique(list(body.on)),
-            body.workflow,
-            body.destination.type,
-            body.destination.url,
-        )
+    try:
+        row = await alert_input.create(orch(request), pid, body)
+    except payloads.BadPayload as exc:
+        raise from_payload(exc) from None
     return json_response(alerts_json.alert(row, secret=True), 201)
 
 
@@ -144,7 +100,7 @@ async def update_alert(request: Request) -> Response:
             pid,
             current["id"],
             name=body.name,
-            types=_unique(list(body.on)) if body.on is not None else None,
+            types=alert_input.unique(list(body.on)) if body.on is not None else None,
             set_workflow="workflow" in given,
             workflow=body.workflow,
             **changes,

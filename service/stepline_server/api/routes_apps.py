@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import ipaddress
-import re
-import unicodedata
-from typing import Annotated, Literal
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,70 +20,11 @@ from stepline_server.api.errors import (
     from_validation,
 )
 from stepline_server.api.responses import json_response, read_json, read_model, refuse_body
+from stepline_server.engine import egress
 from stepline_server.engine import pull as pull_rules
+from stepline_server.payloads import AppUrl
 from stepline_server.store import apps
 from stepline_server.store.db import Record
-
-_MAX_URL = 2048
-_HOST = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def _ascii(text: str) -> str:
-    """``text`` with each non-ASCII character percent-encoded (as UTF-8)."""
-    return "".join(c if c.isascii() else quote(c, safe="") for c in text)
-
-
-def _host(hostname: str, bracketed: bool) -> str:
-    """The host as sent in a request: IDNA for a name, brackets around an IPv6 address."""
-    try:
-        if bracketed:
-            return f"[{ipaddress.IPv6Address(hostname)}]"
-        host = hostname.encode("idna").decode("ascii")
-    except (ValueError, UnicodeError):  # UnicodeError: an empty or over-long label
-        host = ""
-    if not host or not _HOST.match(host):
-        raise ValueError(f"the host {hostname!r} is not a valid host name or IPv6 address")
-    return host
-
-
-def app_url(value: str) -> str:
-    """``value`` as a URL the orchestrator can call, or ValueError saying why it cannot.
-
-    http or https, a host and a port from 1 to 65535, no whitespace or control characters. A
-    non-ASCII host is written in its IDNA form and other non-ASCII characters percent-encoded,
-    since an HTTP request line and Host header carry ASCII only.
-    """
-    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in value):
-        raise ValueError("the URL must not contain whitespace or control characters")
-    try:
-        parts = urlsplit(value)
-    except ValueError as exc:  # e.g. an unclosed or invalid [IPv6] host
-        raise ValueError(f"the URL is not valid: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("the URL must start with http:// or https://")
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise ValueError("the URL's port must be a whole number from 1 to 65535")
-    if not parts.hostname:
-        raise ValueError("the URL needs a host")
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    netloc = _host(parts.hostname, hostport.startswith("["))
-    if port is not None:
-        netloc += f":{port}"
-    if userinfo:
-        netloc = f"{_ascii(userinfo)}@{netloc}"
-    url = urlunsplit(
-        (parts.scheme, netloc, _ascii(parts.path), _ascii(parts.query), _ascii(parts.fragment))
-    )
-    if len(url) > _MAX_URL:
-        raise ValueError(f"the URL is longer than {_MAX_URL} characters once encoded")
-    return url
-
-
-AppUrl = Annotated[str, Field(max_length=_MAX_URL), AfterValidator(app_url)]
 
 
 class AppCreate(BaseModel):
@@ -207,7 +144,7 @@ async def sync_app(request: Request) -> Response:
     else:
         await refuse_body(request)
         try:
-            app_url(row["url"])
+            egress.app_url(row["url"])
         except ValueError as exc:  # registered before URLs were checked
             raise AppUnreachable(
                 f"the app's URL cannot be called ({exc}); change it first"

@@ -171,15 +171,17 @@ def by(operation_id: object) -> str:
     return f"operation:{operation_id}"
 
 
-# Pacing. An operation feeds the dispatcher small batches and rests between them; while runs
-# are already due and not invoked (the dispatcher has a backlog), or runs of its last batch are
-# still being invoked, it waits, so the runs it retries queue behind nothing and nothing queues
-# behind them for long.
+# Pacing. An operation feeds the dispatcher small batches and rests between them. It keeps at
+# most one batch of its runs in the dispatcher (due and not yet taken, or being invoked): the
+# next batch tops that up once it has half a batch of room, so the due queue never holds more
+# than a batch of its runs ahead of other workflows' runs and its invocations do not come in
+# bursts. While the dispatcher has a backlog of due runs it does not act at all.
 BATCH_SIZE = 10
 REST_SECONDS = 0.1  # the least rest between two batches
 DUTY = 0.5  # an operation acts during at most this share of its loop's time
 BACKLOG_ROOM = 20  # due runs not yet invoked above which the next batch waits
 ROOM_WAIT_SECONDS = 5.0  # the longest a batch waits for that room
+AHEAD_BATCHES = 5  # how many batches' worth of its latest runs an operation counts as ahead
 
 
 def rest_after(batch_seconds: float, backlog: int) -> float:
@@ -192,7 +194,21 @@ def rest_after(batch_seconds: float, backlog: int) -> float:
     return rest
 
 
-def may_act(backlog: int, busy: int = 0) -> bool:
-    """Whether the next batch may go: the dispatcher has room (``backlog`` runs due and not
-    invoked), and none of the last batch's runs is still due or being invoked (``busy``)."""
-    return backlog <= BACKLOG_ROOM and busy == 0
+def batch_room(
+    batch_size: int, *, backlog: int, waiting: int, invoking: int, held_seconds: float = 0.0
+) -> int:
+    """How many runs the next batch acts on (0: not yet, look again after a rest).
+
+    ``backlog``: runs due and not invoked, of any workflow; ``waiting`` and ``invoking``: the
+    operation's runs already acted on that are due and not yet taken by an invocation, or
+    being invoked. The batch fills what keeps the operation's runs in the dispatcher at most
+    ``batch_size``, once that is at least half a batch and the dispatcher has no backlog past
+    :data:`BACKLOG_ROOM`; after ``held_seconds`` of :data:`ROOM_WAIT_SECONDS` a whole batch
+    goes whatever the room, so an operation always moves."""
+    batch_size = max(1, batch_size)
+    if held_seconds >= ROOM_WAIT_SECONDS:
+        return batch_size
+    if backlog > BACKLOG_ROOM:
+        return 0
+    room = batch_size - max(0, waiting) - max(0, invoking)
+    return room if room >= (batch_size + 1) // 2 else 0

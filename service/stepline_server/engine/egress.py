@@ -1,4 +1,5 @@
-"""Where the orchestrator may send requests: the egress rules as plain functions on addresses.
+"""Where the orchestrator may send requests: the egress rules as plain functions on addresses,
+and the form a URL it calls must have (:func:`app_url`).
 
 ``STEPLINE_APP_NETWORKS`` lists the networks (CIDRs) app URLs may point to. Without it every
 address is allowed except the link-local ones (169.254.0.0/16, fe80::/10) and the cloud metadata
@@ -10,8 +11,11 @@ so a name is only as good as every address it resolves to.
 from __future__ import annotations
 
 import ipaddress
+import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import quote, urlsplit, urlunsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -100,3 +104,63 @@ class Egress:
     def first_refusal(self, addresses: Iterable[IPAddress]) -> str | None:
         """Why one of ``addresses`` (all a name resolved to) is refused, or None if none is."""
         return next((r for r in map(self.refusal, addresses) if r is not None), None)
+
+
+# The URLs the orchestrator calls (apps, alert destinations): their form, before DNS.
+MAX_URL = 2048
+_HOST = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _ascii(text: str) -> str:
+    """``text`` with each non-ASCII character percent-encoded (as UTF-8)."""
+    return "".join(c if c.isascii() else quote(c, safe="") for c in text)
+
+
+def _host(hostname: str, bracketed: bool) -> str:
+    """The host as sent in a request: IDNA for a name, brackets around an IPv6 address."""
+    try:
+        if bracketed:
+            return f"[{ipaddress.IPv6Address(hostname)}]"
+        host = hostname.encode("idna").decode("ascii")
+    except (ValueError, UnicodeError):  # UnicodeError: an empty or over-long label
+        host = ""
+    if not host or not _HOST.match(host):
+        raise ValueError(f"the host {hostname!r} is not a valid host name or IPv6 address")
+    return host
+
+
+def app_url(value: str) -> str:
+    """``value`` as a URL the orchestrator can call, or ValueError saying why it cannot.
+
+    http or https, a host and a port from 1 to 65535, no whitespace or control characters. A
+    non-ASCII host is written in its IDNA form and other non-ASCII characters percent-encoded,
+    since an HTTP request line and Host header carry ASCII only.
+    """
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("the URL must not contain whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:  # e.g. an unclosed or invalid [IPv6] host
+        raise ValueError(f"the URL is not valid: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("the URL must start with http:// or https://")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError("the URL's port must be a whole number from 1 to 65535")
+    if not parts.hostname:
+        raise ValueError("the URL needs a host")
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    netloc = _host(parts.hostname, hostport.startswith("["))
+    if port is not None:
+        netloc += f":{port}"
+    if userinfo:
+        netloc = f"{_ascii(userinfo)}@{netloc}"
+    url = urlunsplit(
+        (parts.scheme, netloc, _ascii(parts.path), _ascii(parts.query), _ascii(parts.fragment))
+    )
+    if len(url) > MAX_URL:
+        raise ValueError(f"the URL is longer than {MAX_URL} characters once encoded")
+    return url

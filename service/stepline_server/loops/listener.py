@@ -14,6 +14,14 @@ log = structlog.get_logger("stepline.listener")
 
 CHANNEL = "stepline_wake"
 ENDED_CHANNEL = "stepline_ended"
+SCHEDULE_CHANNEL = "stepline_schedule"  # a buffered schedule tick may start now
+
+
+def _wake_callback(wake: Callable[[], None]) -> Callable[..., None]:
+    def _wake(*_: Any) -> None:
+        wake()
+
+    return _wake
 
 
 def _ended_callback(on_ended: Callable[[str], None]) -> Callable[..., None]:
@@ -29,22 +37,22 @@ async def listen(
     on_ended: Callable[[str], None] | None = None,
     *,
     on_connected: Callable[[], None] | None = None,
+    on_schedule: Callable[[], None] | None = None,
     retry_seconds: float = 1.0,
 ) -> None:
     """Call ``on_notify`` for every NOTIFY on the wake channel, ``on_ended`` with the id of
-    every run that ended, ``on_connected`` each time it starts listening (what it missed while
-    away is unknown); loops still poll without them."""
+    every run that ended, ``on_schedule`` when a schedule came due early (its buffered tick
+    may start), ``on_connected`` each time it starts listening (what it missed while away is
+    unknown); loops still poll without them."""
     while True:
         conn = None
         try:
             conn = await db.connect(dsn)
-
-            def _callback(*_: Any) -> None:
-                on_notify()
-
-            await conn.add_listener(CHANNEL, _callback)
+            await conn.add_listener(CHANNEL, _wake_callback(on_notify))
             if on_ended is not None:
                 await conn.add_listener(ENDED_CHANNEL, _ended_callback(on_ended))
+            if on_schedule is not None:
+                await conn.add_listener(SCHEDULE_CHANNEL, _wake_callback(on_schedule))
             log.info("listener_connected")
             on_notify()  # anything that came due while we were away
             if on_connected is not None:

@@ -8,10 +8,12 @@ single-run routes (``waits.cancel``, ``waits.retry``) in a savepoint of its own,
 outcomes and counters are recorded before the commit. A crash (``kill -9``) before the commit
 undoes the whole batch, which the next batch takes again: each run is acted on once.
 
-Between batches the loop rests (``rules.rest_after``), and it does not start one while the
-dispatcher has a backlog of due runs or still invokes runs of the last batch
-(``rules.may_act``): an operation keeps at most one batch of runs in the dispatcher, the runs it
-retries queue behind nothing, and other workflows' runs do not queue behind thousands of them.
+Between batches the loop rests (``rules.rest_after``), and each batch is sized by
+``rules.batch_room``: it waits while the dispatcher has a backlog of due runs, and tops up what
+the operation keeps in the dispatcher (its runs due and not yet taken, or being invoked, as
+``operations.ahead`` counts them in the database, whichever orchestrator acted on them) to at
+most one batch. Other workflows' runs never queue behind more than a batch of its runs, and its
+runs reach the dispatcher a few at a time instead of in bursts.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Batch:
     done: int = 0
     retried: list[str] = field(default_factory=list)
     acted: list[uuid.UUID] = field(default_factory=list)  # the runs cancelled or retried
+    held: bool = False  # no room yet: nothing was done, look again after a rest
+    backlog: int = 0  # the dispatcher's due runs not yet invoked, when it was held
 
 
 class OperationsLoop:
@@ -66,7 +70,7 @@ class OperationsLoop:
         self._wakeup = asyncio.Event()
         self._on_acted = on_acted
         self._on_retried = on_retried
-        self._last: list[uuid.UUID] = []  # the runs the last batch acted on
+        self._held_since: float | None = None  # since when the next batch has waited for room
         self._retention_s = retention_days * 86_400
         self._swept_at = 0.0
 
@@ -75,9 +79,11 @@ class OperationsLoop:
 
     async def run(self) -> None:
         while True:
-            await self._room()
             began = time.monotonic()
             batch = await self.work_once()
+            if batch.held:
+                await asyncio.sleep(rules.rest_after(0.0, batch.backlog))
+                continue
             if batch.done == 0:
                 if time.monotonic() - self._swept_at > SWEEP_SECONDS:
                     await self.sweep_once()
@@ -102,24 +108,15 @@ class OperationsLoop:
             log.info("operations_swept", operations=total)
         return total
 
-    async def _room(self) -> None:
-        """Wait while the dispatcher has a backlog of due runs or still invokes runs of the
-        last batch, for at most :data:`~stepline_server.engine.bulk.ROOM_WAIT_SECONDS` (an
-        operation always moves)."""
-        deadline = time.monotonic() + rules.ROOM_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            async with self._pool.acquire() as conn:
-                backlog, _ = await dispatch.backlog(conn)
-                busy = await operations.in_flight(conn, self._last) if self._last else 0
-            if rules.may_act(backlog, busy):
-                return
-            await asyncio.sleep(rules.rest_after(0.0, backlog))
-
     async def work_once(self) -> Batch:
-        """Work one batch of the oldest running operation."""
+        """Work one batch of the oldest running operation, as many runs as it has room for
+        (none: ``held``)."""
         async with self._pool.acquire() as conn:
             batch = await self._batch(conn)
-        self._last = batch.acted
+        if batch.held:
+            self._held_since = self._held_since or time.monotonic()
+            return batch
+        self._held_since = None
         if batch.done:
             if self._on_acted:
                 self._on_acted()
@@ -133,7 +130,10 @@ class OperationsLoop:
             op = await operations.claim(conn)
             if op is None:
                 return Batch()
-            items = await operations.claim_runs(conn, op["id"], self._batch_size)
+            size, backlog = await self._room(conn, op)
+            if size == 0:
+                return Batch(op, held=True, backlog=backlog)
+            items = await operations.claim_runs(conn, op["id"], size)
             batch = Batch(op)
             done = [await self._act(conn, op, item, batch) for item in items]
             batch.operation = await operations.record(conn, op["id"], done)
@@ -148,6 +148,21 @@ class OperationsLoop:
                 skipped=batch.operation["skipped"],
             )
         return batch
+
+    async def _room(self, conn: Conn, op: Record) -> tuple[int, int]:
+        """How many runs the batch may act on, and the dispatcher's backlog."""
+        backlog, _ = await dispatch.backlog(conn)
+        window = rules.AHEAD_BATCHES * self._batch_size
+        ahead = await operations.ahead(conn, op["id"], window)
+        held = time.monotonic() - self._held_since if self._held_since is not None else 0.0
+        size = rules.batch_room(
+            self._batch_size,
+            backlog=backlog,
+            waiting=ahead.waiting,
+            invoking=ahead.invoking,
+            held_seconds=held,
+        )
+        return size, backlog
 
     async def _act(
         self, conn: Conn, op: Record, item: operations.Item, batch: Batch

@@ -124,9 +124,18 @@ async def record(conn: Conn, operation_id: uuid.UUID, done: list[Done]) -> Recor
     return await conn.fetchrow(Q["record_operation_runs"], operation_id, items, bool(left))
 
 
-async def in_flight(conn: Conn, run_ids: list[uuid.UUID]) -> int:
-    """How many of ``run_ids`` are due or being invoked now."""
-    return int(await conn.fetchval(Q["runs_in_flight"], run_ids))
+@dataclass(frozen=True)
+class Ahead:
+    """An operation's runs still in the dispatcher: due and not yet taken, or being invoked."""
+
+    waiting: int
+    invoking: int
+
+
+async def ahead(conn: Conn, operation_id: uuid.UUID, window: int) -> Ahead:
+    """What the operation keeps in the dispatcher among its latest ``window`` runs done."""
+    row = await conn.fetchrow(Q["operation_runs_ahead"], operation_id, window)
+    return Ahead(int(row["waiting"]), int(row["invoking"]))
 
 
 async def delete_old(conn: Conn, older_than_seconds: float, limit: int = 10) -> int:

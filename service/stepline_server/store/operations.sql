@@ -152,12 +152,20 @@ SELECT EXISTS (
     WHERE operation_id = $1 AND outcome IS NULL AND position <> ALL ($2::integer[])
 );
 
--- name: runs_in_flight
--- How many of runs $1 (the last batch an operation acted on) are due or being invoked: the
--- operation's next batch waits for them, so it never keeps more than a batch in the
--- dispatcher.
-SELECT count(*)::integer FROM runs
-WHERE id = ANY ($1::uuid[]) AND (lease_token IS NOT NULL OR ready_at <= now());
+-- name: operation_runs_ahead
+-- What operation $1 keeps in the dispatcher, among the runs it acted on last (its latest $2
+-- positions done; an operation acts on its runs in order): how many are due and not yet taken
+-- by an invocation (waiting), and how many are being invoked (invoking). Ended and sleeping
+-- runs count in neither. rules.bulk.batch_room decides from these whether the next batch goes.
+SELECT count(*) FILTER (WHERE r.lease_token IS NULL AND r.ready_at <= now())::integer
+           AS waiting,
+       count(*) FILTER (WHERE r.lease_token IS NOT NULL)::integer AS invoking
+FROM operations o
+JOIN operation_runs x ON x.operation_id = o.id
+     AND x.position > o.succeeded + o.failed + o.skipped - $2
+     AND x.position <= o.succeeded + o.failed + o.skipped
+JOIN runs r ON r.id = x.run_id
+WHERE o.id = $1 AND x.outcome = 'succeeded';
 
 -- name: delete_old_operations
 -- Up to $2 operations that ended more than $1 seconds ago, with their lists of runs (kept as

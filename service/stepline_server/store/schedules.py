@@ -215,6 +215,17 @@ async def _fire(
     buffered: datetime | None = row["buffered_tick_at"]
     started: list[datetime] = []
     last_fired = None
+    if buffered is not None:  # the older tick goes first, so a new one never jumps it
+        verdict = await _buffered_verdict(conn, row)
+        if verdict == _START:
+            run_id = rules.tick_run_id(sid, buffered)
+            await conn.execute(Q["settle_buffered_tick"], sid, buffered, "fired", OVERLAP, run_id)
+            await runs.insert(conn, _new_run(row, run_id, buffered, "schedule"))
+            started.append(buffered)
+            active, last_fired, buffered = active + 1, buffered, None
+        elif verdict != _WAIT:
+            await _drop_buffered(conn, sid, buffered, verdict)
+            buffered = None
     for tick in plan.fire:
         if not registered:
             await _record(conn, sid, tick, version, "skipped", NO_WORKFLOW)
@@ -249,7 +260,7 @@ async def _fire(
 
 async def on_run_ended(conn: Conn, row: Record) -> None:
     """A run of a schedule ended: count failures (disabling the schedule at its threshold) and
-    start the buffered tick when no run of the schedule is active any more."""
+    release the buffered tick when no run of the schedule is active any more."""
     status = row["status"]
     delta = 0 if status == RunStatus.COMPLETED else None
     if status in (RunStatus.FAILED, RunStatus.TIMED_OUT):
@@ -268,34 +279,44 @@ async def on_run_ended(conn: Conn, row: Record) -> None:
         assert sched is not None
         if disable:
             await alerts.record_schedule_disabled(conn, sched["id"], row["id"])
-        await _start_buffered(conn, sched)
+        await _release_buffered(conn, sched)
 
 
-async def _start_buffered(conn: Conn, sched: Record) -> None:
-    sid, tick = sched["id"], sched["buffered_tick_at"]
-    if tick is None:
-        return
-    record = await conn.fetchrow(Q["get_tick"], sid, tick)
+_START, _WAIT = "start", "wait"
+
+
+async def _buffered_verdict(conn: Conn, sched: Record) -> str:
+    """What the schedule's buffered tick may do now (its row locked): ``_START``, ``_WAIT``
+    while a run of the schedule is active, or the reason it is let go."""
+    record = await conn.fetchrow(Q["get_tick"], sched["id"], sched["buffered_tick_at"])
     if (
         sched["status"] != rules.ScheduleStatus.ACTIVE
         or record is None
         or record["version"] != sched["version"]
     ):
-        await _drop_buffered(conn, sid, tick, SUPERSEDED)
-        return
-    if await conn.fetchval(Q["count_active_schedule_runs"], sid):
-        return  # another run (e.g. a manual trigger) is still going: keep waiting
+        return SUPERSEDED
+    if await conn.fetchval(Q["count_active_schedule_runs"], sched["id"]):
+        return _WAIT  # another run (e.g. a manual trigger) is still going
     if await apps.workflow(conn, sched["project_id"], sched["workflow"]) is None:
-        await _drop_buffered(conn, sid, tick, NO_WORKFLOW)
+        return NO_WORKFLOW
+    return _START
+
+
+async def _release_buffered(conn: Conn, sched: Record) -> None:
+    """The run holding back the buffered tick ended: let the tick go if it no longer may
+    start, else make the schedule due at it and wake the schedulers, which start its run
+    (the scheduler is the one place ticks start runs, and are counted)."""
+    if sched["buffered_tick_at"] is None:
         return
-    run_id = rules.tick_run_id(sid, tick)
-    await conn.execute(Q["take_buffered_tick"], sid, True)
-    await conn.execute(Q["settle_buffered_tick"], sid, tick, "fired", OVERLAP, run_id)
-    await runs.insert(conn, _new_run(sched, run_id, tick, "schedule"))
+    verdict = await _buffered_verdict(conn, sched)
+    if verdict == _START:
+        await conn.execute(Q["buffered_tick_due"], sched["id"])
+    elif verdict != _WAIT:
+        await _drop_buffered(conn, sched["id"], sched["buffered_tick_at"], verdict)
 
 
 async def _drop_buffered(conn: Conn, sid: str, tick: datetime, reason: str) -> None:
-    await conn.execute(Q["take_buffered_tick"], sid, False)
+    await conn.execute(Q["take_buffered_tick"], sid)
     await conn.execute(Q["settle_buffered_tick"], sid, tick, "skipped", reason, None)
 
 

@@ -100,13 +100,16 @@ UPDATE schedules SET
 WHERE id = $1
 RETURNING *;
 
+-- name: buffered_tick_due
+-- The run that held back schedule $1's buffered tick ended: the schedule is due from that tick
+-- on, so the next scheduler pass starts its run, and the schedulers are woken for it now.
+UPDATE schedules SET next_fire_at = least(next_fire_at, buffered_tick_at)
+WHERE id = $1 AND buffered_tick_at IS NOT NULL
+RETURNING pg_notify('stepline_schedule', id);
+
 -- name: take_buffered_tick
-UPDATE schedules SET
-    buffered_tick_at = NULL,
-    last_fire_at = CASE WHEN $2 THEN greatest(last_fire_at, buffered_tick_at)
-                        ELSE last_fire_at END
-WHERE id = $1
-RETURNING *;
+-- The buffered tick was let go.
+UPDATE schedules SET buffered_tick_at = NULL WHERE id = $1;
 
 -- name: get_code_schedule
 SELECT * FROM schedules

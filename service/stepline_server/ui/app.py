@@ -107,6 +107,7 @@ def dashboard(state: State) -> ASGIApp:
         Route("/keys", endpoint(s, admin.create_key, **w), methods=["POST"]),
         Route("/keys/{keyId}/revoke", endpoint(s, admin.revoke_key, **w), methods=["POST"]),
         Route("/alerts", endpoint(s, alerts.alerts_page)),
+        Route("/alerts", endpoint(s, alerts.create_alert, **w), methods=["POST"]),
         Route("/alerts/{alertId}/test", endpoint(s, alerts.test_alert, **w), methods=["POST"]),
         Route("/alerts/{alertId}/delete", endpoint(s, alerts.delete_alert, **w), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC)),

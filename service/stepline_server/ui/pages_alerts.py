@@ -1,13 +1,16 @@
-"""The alerts page (admin keys): each alert with its recent deliveries; send a test
-notification, delete one. Alerts are made with the API or ``stepline alerts create``."""
+"""The alerts page (admin keys): each alert with its recent deliveries; make one (with the
+REST route's rules and refusals, :mod:`stepline_server.alert_input`), send a test
+notification, delete one."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from starlette.responses import Response
 
-from stepline_server import alerts_json
+from stepline_server import alert_input, alerts_json, payloads
+from stepline_server.engine.alerts import SUBSCRIBABLE, DestinationType
 from stepline_server.store import alerts
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
@@ -24,7 +27,9 @@ def _refused(r: Req) -> Response | None:
     return r.page("error.html", 403, title="Refused", message="Alerts are for admin keys.")
 
 
-async def alerts_page(r: Req) -> Response:
+async def alerts_page(r: Req, status: int = 200, **made: Any) -> Response:
+    """The alerts; ``made`` says what the form just did: ``made`` (the alert, its secret shown
+    this once), or ``problem`` (why it was refused) and ``entered`` (the form, to send again)."""
     if (refused := _refused(r)) is not None:
         return refused
     shown = []
@@ -34,7 +39,43 @@ async def alerts_page(r: Req) -> Response:
             shown.append(
                 {**alerts_json.alert(row), "deliveries": [alerts_json.delivery(d) for d in recent]}
             )
-    return r.page("alerts.html", title="Alerts", alerts=shown)
+    return r.page(
+        "alerts.html",
+        status,
+        title="Alerts",
+        alerts=shown,
+        types=SUBSCRIBABLE,
+        destinations=[d.value for d in DestinationType],
+        entered=made.pop("entered", {}),
+        **made,
+    )
+
+
+def _entered(r: Req) -> dict[str, Any]:
+    """The form's fields shaped as the REST body (an empty workflow: every workflow)."""
+    return {
+        "name": r.form.get("name", ""),
+        "on": r.form_values("on"),
+        "workflow": r.form.get("workflow") or None,
+        "destination": {
+            "type": r.form.get("destination.type", ""),
+            "url": r.form.get("destination.url", ""),
+        },
+    }
+
+
+async def create_alert(r: Req) -> Response:
+    """``POST /ui/alerts``: make an alert as ``POST /v1/alerts`` does; a refusal shows the
+    route's message and each field's reason, and nothing is made."""
+    if (refused := _refused(r)) is not None:
+        return refused
+    entered = _entered(r)
+    try:
+        row = await alert_input.create(r.orch, r.pid, alert_input.parse_create(entered))
+    except payloads.BadPayload as exc:
+        problem = {"message": exc.message, "fields": exc.details.get("fields", {})}
+        return await alerts_page(r, 422, problem=problem, entered=entered)
+    return await alerts_page(r, 201, made=alerts_json.alert(row, secret=True))
 
 
 def _alert_id(r: Req) -> uuid.UUID | None:
