@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos deploy-check fuzz browser model
+.PHONY: install dev test check bench chaos deploy-check fuzz browser model mutate
 
 install: $(STAMP)
 
@@ -92,3 +92,16 @@ model: install
 	        tests/model/test_model.py --hypothesis-show-statistics || exit 1; \
 	done; \
 	echo "model: $$rounds rounds of $(MODEL_EXAMPLES) random examples of up to $(MODEL_STEPS) rules, no counterexample"
+
+# Mutation testing (mutmut, configured in pyproject.toml's [tool.mutmut]) of engine/ and the
+# SDK's _signing, _history and _parked against tests/unit. It runs in .mutate/, which links the
+# two packages at its top level so that the mutants' module names are the imported ones.
+# MUTATE_CHILDREN mutants at a time (default 1); `make mutate MUTATE_ARGS=name` runs one mutant.
+MUTATE_CHILDREN ?= 1
+mutate: install
+	mkdir -p .mutate
+	for p in sdk/stepline service/stepline_server tests pyproject.toml; do \
+	    ln -sfn ../$$p .mutate/$$(basename $$p); \
+	done
+	cd .mutate && ../$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) $(MUTATE_ARGS); \
+	    status=$$?; ../$(BIN)/mutmut results; exit $$status

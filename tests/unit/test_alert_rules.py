@@ -73,3 +73,65 @@ def test_the_body_and_the_slack_text() -> None:
     assert link in text and "step_failed: boom" in text
     test = rules.notification_body(_claimed(type="alert.test", run_id=None, data={}), "http://x")
     assert "run" not in test and "a test notification" in rules.slack_text(test)
+
+
+def test_the_first_retry_waits_a_second_and_the_day_is_inclusive() -> None:
+    """No attempt yet or one: 1 s. A next attempt falling exactly at the end of the day is
+    still made; a second later it is not."""
+    assert rules.retry_delay(0) == rules.retry_delay(1) == 1.0
+    assert rules.retry_delay(1, cap=0.5) == 0.5
+    edge = T0 + timedelta(days=1, seconds=-300)
+    assert rules.after_attempt(False, 20, T0, edge).status is rules.DeliveryStatus.PENDING
+    past = edge + timedelta(seconds=1)
+    assert rules.after_attempt(False, 20, T0, past).status is rules.DeliveryStatus.FAILED
+
+
+def test_a_schedules_notification_names_everything_it_joins() -> None:
+    """Every reference carries its id and name; a schedule's notification names the
+    schedule (its workflow, else the one in the data) and the app."""
+    n = _claimed(
+        type="schedule.disabled", run_id=None, data={"workflow": "nightly"},
+        schedule_id="wfs_1", schedule_cron="0 9 * * *", app_id=7, app_name="shop-app",
+    )  # fmt: skip
+    body = rules.notification_body(n, "http://x")
+    assert body == {
+        "id": str(n["id"]),
+        "type": "schedule.disabled",
+        "at": "2026-12-01T12:00:00Z",
+        "alert": {"id": str(n["alert_id"]), "name": "ops"},
+        "project": {"id": str(n["project_id"]), "name": "shop"},
+        "environment": {"id": str(n["environment_id"]), "name": "production"},
+        "schedule": {"id": "wfs_1", "workflow": "nightly", "cron": "0 9 * * *"},
+        "app": {"id": "7", "name": "shop-app"},
+    }
+    assert rules.slack_text(body) == (
+        "Stepline schedule.disabled · alert ops · workflow nightly · schedule wfs_1 (0 9 * * *)"
+    )
+    own = rules.notification_body(_claimed(schedule_id="wfs_2", schedule_workflow="w"), "x")
+    assert own["schedule"]["workflow"] == "w"
+
+
+def test_the_slack_text_of_a_failed_run_in_full() -> None:
+    """The error's code and the first 200 characters of its message follow the status."""
+    n = _claimed(data={"workflow": "checkout", "status": "failed",
+                       "error": {"code": "card_declined", "message": "x" * 300}})  # fmt: skip
+    body = rules.notification_body(n, "https://sl.example.com")
+    run = f"{n['run_id']}"
+    assert rules.slack_text(body) == (
+        f"Stepline run.failed · alert ops · workflow checkout · run {run} failed "
+        f"(card_declined: {'x' * 200}) · <https://sl.example.com/ui/runs/{run}|open the run>"
+    )
+    bare = rules.notification_body(_claimed(data={"status": "failed",
+                                                 "error": {"code": "c"}}), "h")  # fmt: skip
+    assert f"run {bare['run']['id']} failed (c: ) · <" in rules.slack_text(bare)
+
+
+def test_a_failed_attempt_is_said_shortly() -> None:
+    assert rules.attempt_error(503, "ignored") == "the receiver answered HTTP 503"
+    assert rules.attempt_error(None, "r" * 300) == "r" * 200
+
+
+def test_a_test_notification_says_so_and_links_keep_their_host() -> None:
+    test = rules.notification_body(_claimed(type="alert.test", run_id=None, data={}), "http://x")
+    assert rules.slack_text(test) == "Stepline alert.test · alert ops · a test notification"
+    assert rules.run_link("http://hostX/", "r1") == "http://hostX/ui/runs/r1"

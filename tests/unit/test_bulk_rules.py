@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -97,3 +98,80 @@ def test_a_batch_tops_up_the_operations_runs_in_the_dispatcher_to_one_batch() ->
 def test_history_names_the_operation() -> None:
     """A run an operation acted on says so in its history's ``data.by``."""
     assert bulk.by("x") == "operation:x"
+
+
+def test_a_selection_carries_every_filter_field_in_utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field of the filter reaches the selection; times are in UTC whatever the
+    server's own zone; fromStep only for retryFromStep."""
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    time.tzset()
+    try:
+        after = datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=2)))
+        before = datetime(2026, 1, 2, tzinfo=UTC)
+        selection = bulk.select(
+            bulk.Action.RETRY_FROM_STEP, status=["failed"], run_key="signup-*", trigger="api",
+            created_after=after, created_before=before, workflow="w", app="a",
+            deployment_id="d", from_step="s", run_ids=("r1",),
+        )  # fmt: skip
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert selection == bulk.Selection(
+        statuses=("failed",), workflow="w", app="a", deployment_id="d",
+        created_after=datetime(2026, 1, 1, 10, tzinfo=UTC), created_before=before,
+        run_key=None, run_key_prefix="signup-", trigger="api", from_step="s", run_ids=("r1",),
+    )  # fmt: skip
+    assert selection.created_after is not None and selection.created_after.utcoffset() == timedelta(
+        0
+    )
+    assert selection.created_after.tzinfo is UTC
+    exact = bulk.select(bulk.Action.RETRY, status=None, run_key="k", trigger=None,
+                        created_after=after, created_before=None, from_step="s")  # fmt: skip
+    assert (exact.run_key, exact.run_key_prefix, exact.from_step) == ("k", None, None)
+    only_before = bulk.select(bulk.Action.RETRY, status=None, run_key=None, trigger=None,
+                              created_after=None, created_before=before)  # fmt: skip
+    assert only_before.created_before == before and only_before.created_after is None
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "message"),
+    [
+        ({"status": "asleep"}, "status", "unknown status 'asleep'; one of cancelled, cancelling,"),
+        ({"status": []}, "status", "status must name at least one run status"),
+        ({"trigger": "cron"}, "trigger",
+         "unknown trigger 'cron'; one of api, schedule, manual, event, parent, retry"),
+        ({"created_after": datetime(2026, 1, 2, tzinfo=UTC),
+          "created_before": datetime(2026, 1, 1, tzinfo=UTC)},
+         "createdBefore", "createdBefore must be later than createdAfter"),
+        ({"created_after": datetime.max.replace(tzinfo=timezone(-timedelta(hours=1)))},
+         "createdAfter", "createdAfter is out of range"),
+        ({"created_before": datetime.max.replace(tzinfo=timezone(-timedelta(hours=1)))},
+         "createdBefore", "createdBefore is out of range"),
+        ({"run_key": "a*b*"}, "runKey", "a runKey prefix is run key characters then one '*'"),
+        ({"run_key": "sp ace"}, "runKey", "runKey must be a run key, or a prefix ending with '*'"),
+    ],
+)  # fmt: skip
+def test_a_refused_filter_names_its_field_and_why(
+    case: dict[str, object], field: str, message: str
+) -> None:
+    args: dict[str, object] = dict(status=None, run_key=None, trigger=None, created_after=None,
+                                   created_before=None) | case  # fmt: skip
+    with pytest.raises(bulk.FilterError) as caught:
+        bulk.select(bulk.Action.CANCEL, **args)  # type: ignore[arg-type]
+    assert caught.value.field == field and str(caught.value).startswith(message)
+
+
+def test_from_step_errors_name_the_field() -> None:
+    with pytest.raises(bulk.FilterError, match=r"^retryFromStep needs fromStep: the step") as c:
+        bulk.check_from_step(bulk.Action.RETRY_FROM_STEP, None)
+    assert c.value.field == "fromStep"
+    with pytest.raises(
+        bulk.FilterError, match=r"^fromStep goes with retryFromStep, not retry$"
+    ) as c:
+        bulk.check_from_step(bulk.Action.RETRY, "a")
+    assert c.value.field == "fromStep"
+
+
+def test_a_backlog_over_its_room_rests_a_quarter_second() -> None:
+    assert bulk.rest_after(0.0, bulk.BACKLOG_ROOM) == bulk.REST_SECONDS == 0.1
+    assert bulk.rest_after(0.0, bulk.BACKLOG_ROOM + 1) == 0.25

@@ -119,3 +119,43 @@ def test_thaw_copies_containers_all_the_way_down() -> None:
     copy["a"][1]["b"].append(3)
     copy["a"].append(4)
     assert value == {"a": [1, {"b": [2]}], "c": "s"}
+
+
+def test_a_record_counts_its_name_result_error_and_the_rest() -> None:
+    """160 bytes for the record, plus its name, its result's JSON, its error's message and
+    traceback."""
+    bare = record("ab", 1)
+    assert size_of(bare) == 160 + 2
+    assert size_of(record("ab", 1, output={"k": 1})) == 160 + 2 + len('{"k":1}')
+    failed = protocol.StepRecord.model_validate(
+        {"name": "ab", "kind": "run", "status": "failed", "position": 1,
+         "error": {"type": "E", "message": "boom", "traceback": "trace!"}}
+    )  # fmt: skip
+    assert size_of(failed) == 160 + 2 + 4 + 6
+
+
+async def test_a_changed_step_replaces_its_bytes_and_each_fetch_is_counted() -> None:
+    """A step that changes in a later invocation counts once, at its new size; the cache
+    keeps a history exactly its budget; each whole history fetched is counted."""
+    first, done = record("a", 1, "running"), record("a", 1, output="x" * 50)
+    cache = HistoryCache(max_bytes=size_of(done))
+    never = Fetches([])
+    await cache.complete(request("i1", [first]), never)
+    assert cache.size == size_of(first)
+    await cache.complete(request("i2", [done], base="i1"), never)
+    assert cache.size == size_of(done) and len(cache) == 1 and never.asked == []
+    fetch = Fetches([done])
+    await cache.complete(request("i3", [], base="elsewhere"), fetch)
+    await cache.complete(request("i4", [], base="elsewhere"), fetch)
+    assert cache.fetches == 2 and fetch.asked == ["i3", "i4"]
+    assert cache.size == size_of(done)
+
+
+async def test_an_empty_history_is_kept_under_the_smallest_budget() -> None:
+    """A run with no steps yet weighs nothing: a budget of one byte keeps it, so the next
+    invocation building on it fetches nothing."""
+    cache = HistoryCache(max_bytes=1)
+    never = Fetches([])
+    await cache.complete(request("i1", []), never)
+    await cache.complete(request("i2", [], base="i1"), never)
+    assert never.asked == [] and cache.fetches == 0 and len(cache) == 1

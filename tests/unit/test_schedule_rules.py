@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -523,3 +524,159 @@ def test_module_has_no_io_imports() -> None:
     source = Path(schedules.__file__).read_text(encoding="utf-8")
     for name in ("asyncpg", "httpx", "socket", "os"):
         assert not re.search(rf"^\s*(import|from)\s+{name}\b", source, re.M)
+
+
+# --- edges pinned ----------------------------------------------------------------------------
+
+
+def test_an_alias_is_one_field_alone_and_errors_say_what_is_known() -> None:
+    with pytest.raises(ScheduleError, match="has 2 fields; expected 5"):
+        parse_cron("@daily 5")
+    with pytest.raises(ScheduleError) as caught:
+        parse_cron("@often")
+    assert caught.value.field == "cron"
+    assert caught.value.message == (
+        "cron alias '@often' is not supported; use @annually, @daily, @hourly, @midnight,"
+        " @monthly, @weekly, @yearly"
+    )
+    with pytest.raises(ScheduleError, match=r"^timezone must be an IANA name") as tz:
+        parse_timezone("  ")
+    assert tz.value.field == "timezone"
+    with pytest.raises(ScheduleError, match=r"^timezone must be an IANA name"):
+        parse_timezone(5)  # type: ignore[arg-type]
+
+
+class _NoOffset(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
+
+
+def test_naive_times_are_refused_by_name() -> None:
+    """Each rule names the argument that has no offset (a tzinfo giving none counts too)."""
+    naive = datetime(2026, 1, 2)
+    with pytest.raises(ValueError, match=r"^after must be a timezone-aware datetime$"):
+        next_fire_after("@daily", "UTC", naive)
+    with pytest.raises(ValueError, match=r"^after must be"):
+        next_fire_after("@daily", "UTC", datetime(2026, 1, 2, tzinfo=_NoOffset()))
+    with pytest.raises(ValueError, match=r"^tick must be"):
+        tick_run_id("wfs_A", naive)
+    for name in ("created_at", "last_tick"):
+        args = {"created_at": utc(2026, 1, 1), "last_tick": utc(2026, 1, 1), name: naive}
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            plan_ticks("@daily", "UTC", now=utc(2026, 1, 2), misfire=MisfirePolicy.SKIP,
+                       grace=GRACE, **args)  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^active_runs and buffered must not be negative$"):
+        decide_overlap(OverlapPolicy.SKIP, active_runs=-1, buffered=0)
+
+
+def test_plans_keep_their_default_cap_and_zero_bounds() -> None:
+    """fire_all starts at most 100 missed runs by default; a zero grace and a zero cap are
+    allowed."""
+    p = plan_ticks(
+        "0 * * * *", "UTC", last_tick=None, created_at=utc(2026, 1, 1), now=utc(2026, 1, 8),
+        misfire=MisfirePolicy.FIRE_ALL, grace=timedelta(0),
+    )  # fmt: skip
+    assert len(p.fire) == 100 + 1 and p.fire[-1] == utc(2026, 1, 8)
+    zero = plan(MisfirePolicy.FIRE_ALL, now=utc(2026, 1, 1, 5, 30), cap=0)
+    assert zero.fire == () and zero.skipped == () and zero.more_skipped
+
+
+def test_more_skipped_says_exactly_when_some_are_unlisted() -> None:
+    """Skipped ticks up to the cap are all listed (no flag); one more is flagged."""
+    listed = plan(MisfirePolicy.SKIP, now=utc(2026, 1, 1, 2, 30), cap=2)
+    assert listed.skipped == (utc(2026, 1, 1, 1), utc(2026, 1, 1, 2))
+    assert not listed.more_skipped
+    over = plan(MisfirePolicy.SKIP, now=utc(2026, 1, 1, 3, 30), cap=2)
+    assert over.skipped == (utc(2026, 1, 1, 1), utc(2026, 1, 1, 2)) and over.more_skipped
+
+
+def test_a_long_outage_of_a_daily_schedule_fires_the_latest_missed_tick() -> None:
+    """Past the misfires listed, the plan jumps near the boundary (widening its step) and
+    still finds the latest missed tick and the next one."""
+    p = plan_ticks(
+        "0 9 * * *", NY, last_tick=None, created_at=utc(2025, 1, 1), now=utc(2026, 6, 1, 18),
+        misfire=MisfirePolicy.FIRE_ONCE, grace=GRACE, cap=2,
+    )  # fmt: skip
+    assert p.fire == (utc(2026, 6, 1, 13),)  # 09:00 EDT
+    assert p.skipped == (utc(2025, 1, 1, 14), utc(2025, 1, 2, 14))
+    assert p.more_skipped and p.last_tick == utc(2026, 6, 1, 13)
+    assert p.next_fire_at == utc(2026, 6, 2, 13)
+
+
+def test_a_long_outage_ending_on_a_tick_fires_the_one_before_it_too() -> None:
+    """A tick exactly at the grace boundary is on time; the latest missed one is the tick
+    before it, found even after the plan jumped ahead."""
+    p = plan(MisfirePolicy.FIRE_ONCE, now=utc(2026, 1, 1, 12), grace=timedelta(0), cap=1)
+    assert p.fire == (utc(2026, 1, 1, 11), utc(2026, 1, 1, 12))
+    assert p.last_tick == utc(2026, 1, 1, 12) and p.next_fire_at == utc(2026, 1, 1, 13)
+
+
+def test_a_long_outage_jumps_by_the_schedules_own_zone() -> None:
+    """Between 09:00 UTC and 09:00 New York the latest missed tick of a New York schedule is
+    the day before's: the jump ahead counts ticks in the schedule's zone, not in UTC."""
+    p = plan_ticks(
+        "0 9 * * *", NY, last_tick=None, created_at=utc(2025, 1, 1), now=utc(2026, 6, 1, 12),
+        misfire=MisfirePolicy.FIRE_ONCE, grace=GRACE, cap=2,
+    )  # fmt: skip
+    assert p.fire == (utc(2026, 5, 31, 13),)
+    assert p.last_tick == utc(2026, 5, 31, 13) and p.next_fire_at == utc(2026, 6, 1, 13)
+
+
+def test_a_plan_with_nothing_due_keeps_its_cursor() -> None:
+    p = plan(MisfirePolicy.FIRE_ALL, now=utc(2026, 1, 1, 5, 30), last_tick=utc(2026, 1, 1, 5))
+    assert p.fire == () and p.last_tick == utc(2026, 1, 1, 5)
+    assert p.next_fire_at == utc(2026, 1, 1, 6)
+
+
+def test_plan_and_cron_errors_say_why() -> None:
+    with pytest.raises(
+        ScheduleError, match=r"^cron must be a non-empty string such as '0 9 \* \* 1-5'$"
+    ):
+        parse_cron(" ")
+    with pytest.raises(ScheduleError) as caught:
+        parse_cron("0 9 * *")
+    assert caught.value.message == (
+        "cron '0 9 * *' has 4 fields; expected 5 (minute hour day-of-month month day-of-week),"
+        " seconds and years are not supported"
+    )
+    with pytest.raises(ValueError, match=r"^now must be a timezone-aware datetime$"):
+        plan(MisfirePolicy.SKIP, now=datetime(2026, 1, 2))
+    with pytest.raises(ValueError, match=r"^grace must not be negative$"):
+        plan(MisfirePolicy.SKIP, now=utc(2026, 1, 2), grace=timedelta(seconds=-1))
+    with pytest.raises(ValueError, match=r"^cap must not be negative$"):
+        plan(MisfirePolicy.SKIP, now=utc(2026, 1, 2), cap=-1)
+
+
+def test_a_plan_counts_wall_time_in_its_zone() -> None:
+    p = plan_ticks(
+        "0 9 * * *", NY, last_tick=None, created_at=utc(2026, 1, 5), now=utc(2026, 1, 7, 15),
+        misfire=MisfirePolicy.FIRE_ALL, grace=GRACE,
+    )  # fmt: skip
+    assert p.fire == (utc(2026, 1, 5, 14), utc(2026, 1, 6, 14), utc(2026, 1, 7, 14))
+    assert p.next_fire_at == utc(2026, 1, 8, 14)
+
+
+def test_a_gap_time_off_the_hour_fires_at_the_gap_end_to_the_second() -> None:
+    """02:10 does not exist on 2026-03-08 in New York: the tick is 03:00 EDT exactly; on
+    Lord Howe Island (a 30-minute shift) 02:10 fires at 02:30 exactly."""
+    assert next_fire_after("10 2 * * *", NY, utc(2026, 3, 7, 12)) == utc(2026, 3, 8, 7)
+    assert next_fire_after("1 2 * * *", NY, utc(2026, 3, 7, 12)) == utc(2026, 3, 8, 7)
+    howe = next_fire_after("10 2 * * *", "Australia/Lord_Howe", utc(2026, 10, 3, 12))
+    assert howe == utc(2026, 10, 3, 15, 30)
+
+
+def test_tick_run_ids_and_schedule_ids_are_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick's run id never changes (orchestrators agree on it, whatever their own zone); a
+    schedule id starts with its creation time in milliseconds."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        tick = tick_run_id("wfs_ABC", local(NY, 2026, 3, 8, 3))
+        assert tick == uuid.UUID("019ccc3e-e580-8c16-803d-e200989e9814")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    at = datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=UTC)  # an odd millisecond
+    made = {new_schedule_id(at) for _ in range(5)}
+    assert len(made) == 5 and {m[:14] for m in made} == {"wfs_01KDVDNA01"}
+    assert new_schedule_id(None) > new_schedule_id(utc(2026, 1, 1))

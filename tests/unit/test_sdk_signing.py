@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from stepline._signing import SignatureError, sign, sign_all, verify
+from stepline._signing import DEFAULT_MAX_AGE, ReplayGuard, SignatureError, sign, sign_all, verify
 
 BODY = b'{"kind":"describe"}'
 NOW = 1_700_000_000
@@ -70,3 +72,56 @@ def test_no_secret_configured_rejects_everything() -> None:
     """Without any secret nothing verifies (the app must not run unsigned work)."""
     with pytest.raises(SignatureError, match="no signing secret"):
         verify(BODY, sign(BODY, "x", timestamp=NOW), [], now=NOW)
+
+
+def test_sign_all_needs_a_secret_and_stamps_now() -> None:
+    with pytest.raises(ValueError, match=r"^at least one signing secret is needed$"):
+        sign_all(BODY, [])
+    header = sign_all(BODY, ["a", "b"])
+    assert abs(verify(BODY, header, ["b"]) - time.time()) <= 2
+
+
+def test_the_timestamp_is_twelve_digits_at_most_and_the_window_inclusive() -> None:
+    """A signature exactly ``max_age`` old is accepted, a second more is not; a 12-digit
+    timestamp is read (and out of the window), 13 digits are malformed."""
+    assert verify(BODY, sign(BODY, "s", NOW), ["s"], now=NOW + DEFAULT_MAX_AGE) == NOW
+    assert verify(BODY, sign(BODY, "s", NOW), ["s"], now=NOW - DEFAULT_MAX_AGE) == NOW
+    with pytest.raises(SignatureError, match=r"timestamp outside the allowed window$"):
+        verify(BODY, sign(BODY, "s", NOW), ["s"], now=NOW + DEFAULT_MAX_AGE + 1)
+    with pytest.raises(SignatureError, match=r"timestamp outside the allowed window$"):
+        verify(BODY, sign(BODY, "s", 10**11), ["s"], now=NOW)
+    with pytest.raises(SignatureError, match=r": malformed timestamp$"):
+        verify(BODY, sign(BODY, "s", 10**12), ["s"], now=NOW)
+    with pytest.raises(
+        SignatureError, match=r": no signing secret is configured \(set STEPLINE_SIGNING_SECRET\)$"
+    ):
+        verify(BODY, sign(BODY, "s", NOW), [], now=NOW)
+
+
+def test_only_v1_signatures_count() -> None:
+    """A valid MAC under another scheme name is not a ``v1`` signature; a ``v1`` value with
+    an ``=`` in it is one that matches nothing."""
+    mac = sign(BODY, "s", NOW).split("v1=")[1]
+    with pytest.raises(SignatureError, match=r": no v1 signature$"):
+        verify(BODY, f"t={NOW},v2={mac}", ["s"], now=NOW)
+    with pytest.raises(SignatureError, match=r": no signature matches$"):
+        verify(BODY, f"t={NOW},v1={mac}=x", ["s"], now=NOW)
+
+
+def test_the_replay_guard_forgets_a_body_at_the_end_of_its_window() -> None:
+    """A body is new again the instant its window ends; when full, the guard first lets go
+    of the bodies whose window has ended (wherever they stand), so a body still inside its
+    window is kept."""
+    guard = ReplayGuard(max_age=5)
+    assert guard.first_time(b"x", now=0.0)
+    assert not guard.first_time(b"x", now=9.999)
+    assert guard.first_time(b"x", now=10.0)
+
+    small = ReplayGuard(max_age=5, max_entries=4)
+    assert small.first_time(b"a", now=0.0)  # until 10
+    assert small.first_time(b"b", now=1.0)  # until 11
+    assert small.first_time(b"e", now=1.0)  # until 11
+    assert small.first_time(b"a", now=10.5)  # new again: until 20.5, still first in line
+    assert small.first_time(b"c", now=10.6)
+    assert small.first_time(b"d", now=11.0)  # full: b's and e's windows have ended, they go
+    assert not small.first_time(b"a", now=12.0)

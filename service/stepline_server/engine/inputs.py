@@ -13,6 +13,7 @@ import orjson
 def _validator(schema_json: bytes) -> Any:
     schema = orjson.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)  # a broken schema (an unknown type) would fail the check itself
     return cls(schema)
 
 
