@@ -74,9 +74,11 @@ def test_a_batch_tops_up_the_operations_runs_in_the_dispatcher_to_one_batch() ->
     taken, or being invoked) at most one batch, once half a batch has room; none goes while
     the dispatcher has a backlog; after waiting ROOM_WAIT_SECONDS a whole batch goes."""
 
-    def room(waiting: int = 0, invoking: int = 0, backlog: int = 0, held: float = 0.0) -> int:
+    def room(
+        waiting: int = 0, invoking: int = 0, backlog: int = 0, held: float = 0.0, size: int = 10
+    ) -> int:
         return bulk.batch_room(
-            10, backlog=backlog, waiting=waiting, invoking=invoking, held_seconds=held
+            size, backlog=backlog, waiting=waiting, invoking=invoking, held_seconds=held
         )
 
     assert room() == 10
@@ -89,10 +91,9 @@ def test_a_batch_tops_up_the_operations_runs_in_the_dispatcher_to_one_batch() ->
     assert room(backlog=bulk.BACKLOG_ROOM + 1) == 0
     assert room(waiting=10, backlog=99, held=bulk.ROOM_WAIT_SECONDS) == 10  # it always moves
     assert room(waiting=10, held=bulk.ROOM_WAIT_SECONDS - 0.1) == 0
-    assert bulk.batch_room(1, backlog=0, waiting=0, invoking=0) == 1
-    assert bulk.batch_room(1, backlog=0, waiting=1, invoking=0) == 0
-    assert bulk.batch_room(0, backlog=0, waiting=0, invoking=0) == 1  # a batch is one run at least
-    assert bulk.batch_room(3, backlog=0, waiting=1, invoking=0) == 2  # half of 3 is 2
+    assert room(size=1) == 1 and room(waiting=1, size=1) == 0
+    assert room(size=0) == 1  # a batch is one run at least
+    assert room(waiting=1, size=3) == 2  # half of 3 is 2
 
 
 def test_history_names_the_operation() -> None:

@@ -195,7 +195,7 @@ def rest_after(batch_seconds: float, backlog: int) -> float:
 
 
 def batch_room(
-    batch_size: int, *, backlog: int, waiting: int, invoking: int, held_seconds: float = 0.0
+    batch_size: int, *, backlog: int, waiting: int, invoking: int, held_seconds: float
 ) -> int:
     """How many runs the next batch acts on (0: not yet, look again after a rest).
 
