@@ -23,11 +23,9 @@ def poll_params(wait: str | None, limit: str | None) -> tuple[float, int]:
     seconds = DEFAULT_POLL_WAIT
     if wait is not None:
         try:
-            seconds = parse_duration(wait)
+            seconds = parse_duration(wait)  # never negative: a sign is refused as malformed
         except ValueError as exc:
             raise BadParam("wait", str(exc)) from None
-        if seconds < 0:
-            raise BadParam("wait", "wait must not be negative")
     count = 1
     if limit is not None:
         if not limit.isdigit() or not 1 <= int(limit) <= MAX_POLL_LIMIT:
