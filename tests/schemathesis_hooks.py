@@ -99,8 +99,10 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     destination = case.body.get("destination") if isinstance(case.body, dict) else None
     if isinstance(destination, dict) and "url" in destination:  # an alert's
         destination["url"] = safe_url(destination["url"])
-    if str(case.path).endswith("/poll") and isinstance(case.query, dict) and "wait" in case.query:
-        case.query["wait"] = "0s"  # a pull app's poll answers at once, not after its wait
+    if str(case.path).endswith("/poll"):
+        # A pull app's poll answers at once, not after its wait (30 s when none is given,
+        # longer than the request timeout).
+        case.query = {**(case.query if isinstance(case.query, dict) else {}), "wait": "0s"}
 
 
 @schemathesis.check
