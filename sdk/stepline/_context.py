@@ -181,16 +181,16 @@ class Context:
             if record.status is StepStatus.RETRYING and record.blocked:
                 # Its backoff has not run out: the branch waits for a later invocation.
                 return await self._block(record, name, StepKind.RUN, Action.START)
-            attempt = record.attempt + 1
+            # A try recorded running never had its outcome recorded (the app, the orchestrator
+            # or the database went away mid-step): a delivery failure, never a used attempt.
+            # It runs again as the same attempt; only a try that failed moves to the next.
+            attempt = record.attempt if record.status is StepStatus.RUNNING else record.attempt + 1
         self._check_cancel()
-        if attempt > self.retries.attempts:
-            # Only a try that died with its process gets here: it counted as an attempt.
-            error = protocol.ErrorInfo(
-                type="StepInterrupted",
-                message=f"step {name!r} was interrupted on its last attempt ({attempt - 1})",
-                code="attempts_exhausted",
-            )
-            self._add(name, StepKind.RUN, Action.FAIL, attempt=attempt - 1, error=error)
+        if attempt > self.retries.attempts and record is not None:
+            # A retrying step whose workflow now allows fewer attempts (changed since): it
+            # fails with its last attempt's error.
+            error = record.error or protocol.ErrorInfo(type="Error", message="step failed")
+            self._add(name, StepKind.RUN, Action.FAIL, attempt=record.attempt, error=error)
             raise StepFailed.from_info(name, error)
         future = self._add(name, StepKind.RUN, Action.START, attempt=attempt, resolves=True)
         self._fresh[-1].call = (fn, args, kwargs)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -82,6 +83,25 @@ async def _step_status(client: stepline.AsyncClient, run_id: str, name: str) -> 
     return next((s["status"] for s in run["steps"] if s["name"] == name), None)
 
 
+async def _register(client: stepline.AsyncClient, conn: asyncpg.Connection, app_url: str) -> None:
+    """Register the app at ``app_url`` with the secret its workflows are signed with."""
+    app = await client.create_app("local", app_url)
+    await conn.execute(
+        "UPDATE apps SET signing_secrets = $1 WHERE id = $2", [SECRET], uuid.UUID(app["id"])
+    )
+    await client.sync_app(app["slug"])
+
+
+def _orchestrator_env(database_url: str, port: int) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_url,
+        "STEPLINE_PORT": str(port),
+        "STEPLINE_LEASE_SECONDS": "2",
+        "STEPLINE_POLL_SECONDS": "0.5",
+        "STEPLINE_LOG_LEVEL": "warning",
+    }
+
+
 async def test_app_killed_mid_run_and_restarted(database_url: str, tmp_path: Path) -> None:
     """The app dies in the middle of a step; once it is back the run completes, and the steps
     recorded before the crash did not run again."""
@@ -116,13 +136,7 @@ async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_
     os.environ["COUNT_FILE"] = str(counts)
     counting_app.sl.signing_secrets = (SECRET,)
     port = free_port()
-    env = {
-        "DATABASE_URL": database_url,
-        "STEPLINE_PORT": str(port),
-        "STEPLINE_LEASE_SECONDS": "2",
-        "STEPLINE_POLL_SECONDS": "0.5",
-        "STEPLINE_LOG_LEVEL": "warning",
-    }
+    env = _orchestrator_env(database_url, port)
     conn = await db.connect(database_url)
     serve = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
     try:
@@ -135,13 +149,7 @@ async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_
                 app_server(counting_app.sl) as app_url,
                 stepline.AsyncClient(base, api_key=key) as client,
             ):
-                app = await client.create_app("local", app_url)
-                await conn.execute(
-                    "UPDATE apps SET signing_secrets = $1 WHERE id = $2",
-                    [SECRET],
-                    uuid.UUID(app["id"]),
-                )
-                await client.sync_app(app["slug"])
+                await _register(client, conn, app_url)
                 run = await client.start_run("slow-steps", {"steps": 6, "delay": 0.25})
                 while await _step_status(client, run["id"], "s2") != "completed":
                     await asyncio.sleep(0.05)
@@ -164,3 +172,86 @@ async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_
         assert {r["step_name"]: r["n"] for r in rows} == {f"s{i}": 1 for i in range(6)}
     finally:
         await conn.close()
+
+
+async def test_outcomes_lost_to_orchestrator_crashes_use_no_attempts(
+    database_url: str,
+) -> None:
+    """A step allowed 2 attempts is mid-try each time the orchestrator is killed (twice), so
+    two tries' outcomes are never recorded: those are delivery failures, not failed attempts.
+    The third try's result completes the run, and every try ran as attempt 1."""
+    sl = stepline.Stepline(SECRET)
+    gates: list[asyncio.Event] = []
+    entered: asyncio.Queue[int] = asyncio.Queue()
+
+    @sl.workflow("outlives-crashes", retries=stepline.Retries(attempts=2))
+    async def outlives(ctx: stepline.Context, input: object) -> int:
+        async def slow() -> int:
+            gate = asyncio.Event()
+            gates.append(gate)
+            entered.put_nowait(len(gates))
+            await gate.wait()
+            return len(gates)
+
+        return await ctx.step("slow", slow)
+
+    port = free_port()
+    env = _orchestrator_env(database_url, port)
+    serve = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
+    base = f"http://127.0.0.1:{port}"
+    conn = await db.connect(database_url)
+    orchestrators = [_spawn(serve, env)]
+    try:
+        await _until_up(base + "/healthz", orchestrators[0])
+        key = await keys.create_key(conn, "crash")
+        async with app_server(sl) as app_url, stepline.AsyncClient(base, api_key=key) as client:
+            await _register(client, conn, app_url)
+            run = await client.start_run("outlives-crashes", None)
+            try:
+                await _crash_twice_mid_step(orchestrators, serve, env, client, run["id"], entered)
+            finally:
+                for gate in gates:  # no try is left blocked, whatever happened
+                    gate.set()
+            done = await client.wait_run(run["id"], timeout=30)
+        assert done["status"] == "completed", done
+        assert done["output"] == 3 and len(gates) == 3
+        attempts = await conn.fetch(
+            "SELECT type, (data->>'attempt')::int AS attempt FROM run_events "
+            "WHERE run_id = $1 AND step_name = 'slow' ORDER BY seq",
+            uuid.UUID(run["id"]),
+        )
+        assert [(r["type"], r["attempt"]) for r in attempts] == [
+            ("step.started", 1),
+            ("step.started", 1),
+            ("step.started", 1),
+            ("step.completed", 1),
+        ]
+    finally:
+        for orch in orchestrators:
+            _kill(orch)
+        await conn.close()
+
+
+async def _crash_twice_mid_step(
+    orchestrators: list[subprocess.Popen[bytes]],
+    serve: list[str],
+    env: dict[str, str],
+    client: stepline.AsyncClient,
+    run_id: str,
+    entered: asyncio.Queue[int],
+) -> None:
+    """Kill the orchestrator (the last of ``orchestrators``) while the run's step is mid-try,
+    twice, each time seeing the restarted one (added to the list) start the step's next try."""
+    assert await asyncio.wait_for(entered.get(), 30) == 1
+    for tries in (2, 3):
+        _kill(orchestrators[-1])  # the try in flight can no longer report its outcome
+        orchestrators.append(_spawn(serve, env))
+        await _until_up(f"http://127.0.0.1:{env['STEPLINE_PORT']}/healthz", orchestrators[-1])
+        waiting = asyncio.ensure_future(entered.get())
+        ending = asyncio.ensure_future(client.wait_run(run_id, timeout=30))
+        await asyncio.wait({waiting, ending}, return_when=asyncio.FIRST_COMPLETED)
+        if ending.done():
+            waiting.cancel()
+            raise AssertionError(f"the run ended while a try was lost: {ending.result()}")
+        ending.cancel()
+        assert await waiting == tries

@@ -200,18 +200,39 @@ async def test_a_retrying_step_that_is_due_runs_its_next_attempt() -> None:
     assert answer.status == "completed" and answer.output == "ok"
 
 
-async def test_interrupted_last_attempt_fails_the_step() -> None:
-    """A step recorded running on its last attempt is not run again; it fails."""
+async def test_a_try_with_no_recorded_outcome_runs_again_as_the_same_attempt() -> None:
+    """A step recorded running on its last attempt lost its outcome (its invocation went away
+    mid-step): a delivery failure, not a used attempt. It runs again as that attempt."""
+    ran: list[int] = []
+
+    async def wf(ctx: stepline.Context, input: Any) -> str:
+        await ctx.step("a", ran.append, 1)
+        return "done"
+
+    steps = [record("a", "run", "running", 0, attempt=3)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender, retries=stepline.Retries(attempts=3))
+    assert ran == [1]
+    assert [(u.action, u.attempt) for u in sender.calls[0]] == [("start", 3)]
+    assert answer.status == "completed" and answer.output == "done"
+    assert [(u.action, u.attempt) for u in answer.updates] == [("complete", 3)]
+
+
+async def test_a_retrying_step_past_fewer_attempts_fails_with_its_last_error() -> None:
+    """A step that failed its 3rd attempt under a workflow now allowing 3 attempts (lowered
+    since it was recorded) is not run a 4th time: it fails with the error it had."""
     ran: list[int] = []
 
     async def wf(ctx: stepline.Context, input: Any) -> None:
         await ctx.step("a", ran.append, 1)
 
-    steps = [record("a", "run", "running", 0, attempt=3)]
-    answer = await invoke(wf, request(steps), Recorder())
-    assert ran == []
-    assert answer.status == "failed" and answer.error.code == "attempts_exhausted"
-    assert brief(answer.updates) == [("fail", "a")]
+    error = {"type": "ValueError", "message": "boom", "code": "step_failed"}
+    steps = [record("a", "run", "retrying", 0, attempt=3, error=error)]
+    sender = Recorder()
+    answer = await invoke(wf, request(steps), sender, retries=stepline.Retries(attempts=3))
+    assert ran == [] and sender.calls == []
+    assert answer.status == "failed"
+    assert [(u.action, u.attempt, u.error.message) for u in answer.updates] == [("fail", 3, "boom")]
 
 
 async def test_kind_mismatch_is_nondeterminism() -> None:
