@@ -1,10 +1,10 @@
 """Schemathesis hooks for the fuzz test: no generated app URL can name a host to resolve.
 
-Every ``url`` a request body carries (an app's, or an alert's ``destination.url``) is kept
-only when it cannot make the orchestrator look a name up or connect anywhere but loopback (not
-a string, no ``://``, or an address literal); otherwise it is replaced by
-``http://127.0.0.1:9/fuzz`` (the discard port, where nothing answers). The orchestrator under
-test also lists only 127.0.0.1/32 in STEPLINE_APP_NETWORKS.
+Every ``url`` a request body carries (an app's, or an alert's ``destination.url``, in JSON or
+in the dashboard's form) is kept only when it cannot make the orchestrator look a name up or
+connect anywhere but loopback (not a string, no ``://``, or an address literal); otherwise it
+is replaced by ``http://127.0.0.1:9/fuzz`` (the discard port, where nothing answers). The
+orchestrator under test also lists only 127.0.0.1/32 in STEPLINE_APP_NETWORKS.
 A pull app's poll is made not to wait (a long poll would outlast the request timeout).
 
 For the dashboard's forms (tests/e2e/dashboard_forms.yaml), every request carries the signed-in
@@ -99,6 +99,8 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     destination = case.body.get("destination") if isinstance(case.body, dict) else None
     if isinstance(destination, dict) and "url" in destination:  # an alert's
         destination["url"] = safe_url(destination["url"])
+    if isinstance(case.body, dict) and "destination.url" in case.body:  # the alert form's
+        case.body["destination.url"] = safe_url(case.body["destination.url"])
     if str(case.path).endswith("/poll"):
         # A pull app's poll answers at once, not after its wait (30 s when none is given,
         # longer than the request timeout).

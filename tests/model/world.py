@@ -111,11 +111,22 @@ class World:
                     if ok and answer.status_code >= 400:
                         raise AssertionError(f"{method} {path}: {answer.text}")
                     return answer.json() if ok else answer
-            except httpx.TransportError:
-                pass
+                last = f"HTTP {answer.status_code}: {answer.text[:500]}"
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
-                raise AssertionError(f"{method} {path} kept failing")
+                raise AssertionError(
+                    f"{method} {path} kept failing, last with {last}\n{self._orchestrator_log()}"
+                )
             await asyncio.sleep(0.1)
+
+    def _orchestrator_log(self, lines: int = 60) -> str:
+        """The end of the orchestrator's log (what a failure quotes)."""
+        path = self.workdir / "orch.log"
+        if not path.exists():
+            return "(no orchestrator log)"
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        return "the orchestrator's log ends:\n" + "\n".join(line[:400] for line in tail)
 
     def kill_orchestrator(self) -> None:
         """``kill -9`` of the orchestrator, started again at once (its leases lapse)."""

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Scope
 
-from stepline_server import authlimits, params
+from stepline_server import authlimits, params, payloads
 from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_health as health
@@ -30,6 +30,7 @@ from stepline_server.api.errors import (
     ApiError,
     error_response,
     handle_api_error,
+    handle_bad_payload,
     handle_http_exception,
     handle_unexpected,
 )
@@ -153,6 +154,7 @@ def build_app(orchestrator: Orchestrator) -> BodyTimeout:
         lifespan=lifespan,
         exception_handlers={
             ApiError: handle_api_error,
+            payloads.BadPayload: handle_bad_payload,
             HTTPException: handle_http_exception,
             Exception: handle_unexpected,
         },

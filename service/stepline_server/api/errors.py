@@ -149,6 +149,12 @@ async def handle_api_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+async def handle_bad_payload(request: Request, exc: Exception) -> Response:
+    """JSON a shared check refused (a body, an alert's destination), as the API's error."""
+    assert isinstance(exc, payloads.BadPayload)
+    return error_response(from_payload(exc))
+
+
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (no such path, wrong method) in the same error shape."""
     assert isinstance(exc, HTTPException)

@@ -42,10 +42,7 @@ async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: boo
         if allow_empty:
             return None
         raise errors.InvalidJson("the request body is empty; send a JSON object")
-    try:
-        return payloads.parse(raw, limit=limit)
-    except payloads.BadPayload as exc:
-        raise errors.from_payload(exc) from None
+    return payloads.parse(raw, limit=limit)  # its refusals answer as the API's errors
 
 
 async def refuse_body(request: Request) -> None:

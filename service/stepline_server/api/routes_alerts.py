@@ -9,11 +9,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import alert_input, alerts_json, payloads
+from stepline_server import alert_input, alerts_json
 from stepline_server.alert_input import AlertCreate, AlertUpdate
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, path_uuid
-from stepline_server.api.errors import NotFound, ValidationFailed, from_payload
+from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
 from stepline_server.store import alerts
 from stepline_server.store.db import Record
@@ -23,14 +23,6 @@ _FIELDS = "name, on, workflow, destination"
 
 async def _env(request: Request) -> uuid.UUID:
     return (await auth.require_admin(request)).environment_id
-
-
-async def _check_egress(request: Request, url: str) -> None:
-    """422 naming ``destination.url`` when the egress rules refuse where it points."""
-    try:
-        await alert_input.check_destination(orch(request), url)
-    except payloads.BadPayload as exc:
-        raise from_payload(exc) from None
 
 
 async def _alert(request: Request, pid: uuid.UUID) -> Record:
@@ -45,10 +37,7 @@ async def _alert(request: Request, pid: uuid.UUID) -> Record:
 async def create_alert(request: Request) -> Response:
     pid = await _env(request)
     body = await read_model(request, AlertCreate)
-    try:
-        row = await alert_input.create(orch(request), pid, body)
-    except payloads.BadPayload as exc:
-        raise from_payload(exc) from None
+    row = await alert_input.create(orch(request), pid, body)
     return json_response(alerts_json.alert(row, secret=True), 201)
 
 
@@ -87,7 +76,8 @@ async def update_alert(request: Request) -> Response:
     changes: dict[str, Any] = {}
     new_secret = False
     if body.destination is not None:
-        await _check_egress(request, body.destination.url)
+        # 422 naming destination.url when the egress rules refuse where it points.
+        await alert_input.check_destination(orch(request), body.destination.url)
         changes["destination_type"] = body.destination.type
         changes["url"] = body.destination.url
         # A Slack alert turned into a webhook gets a secret it shows now (it never showed one).
