@@ -35,7 +35,9 @@ F = TypeVar("F", bound=WorkflowFn)
 
 @dataclass(frozen=True)
 class Retries:
-    """How often a failing step runs: ``attempts`` counts every try, the first included.
+    """How often a failing step runs: ``attempts`` counts every try, the first included. A try
+    whose outcome was never recorded (the app, the orchestrator or the database went away
+    mid-step) runs again as the same attempt: that is a delivery failure, not a used attempt.
 
     The delay before try ``n + 1`` is ``min(max_delay, initial_delay * factor ** (n - 1))``.
     """
