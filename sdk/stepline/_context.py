@@ -187,8 +187,8 @@ class Context:
             attempt = record.attempt if record.status is StepStatus.RUNNING else record.attempt + 1
         self._check_cancel()
         if attempt > self.retries.attempts and record is not None:
-            # A retrying step whose workflow now allows fewer attempts (changed since): it
-            # fails with its last attempt's error.
+            # A step past the attempts its workflow now allows (lowered since it was
+            # recorded): it fails with its last attempt's error.
             error = record.error or protocol.ErrorInfo(type="Error", message="step failed")
             self._add(name, StepKind.RUN, Action.FAIL, attempt=record.attempt, error=error)
             raise StepFailed.from_info(name, error)

@@ -25,6 +25,7 @@ from tests.support import app_server, free_port, orchestrator_stack
 pytestmark = pytest.mark.slow
 
 SECRET = "crash-secret"
+SERVE = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -138,9 +139,8 @@ async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_
     port = free_port()
     env = _orchestrator_env(database_url, port)
     conn = await db.connect(database_url)
-    serve = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
     try:
-        orch = _spawn(serve, env)
+        orch = _spawn(SERVE, env)
         base = f"http://127.0.0.1:{port}"
         try:
             await _until_up(base + "/healthz", orch)
@@ -154,7 +154,7 @@ async def test_orchestrator_sigkill_mid_run_then_restart(database_url: str, tmp_
                 while await _step_status(client, run["id"], "s2") != "completed":
                     await asyncio.sleep(0.05)
                 _kill(orch)
-                orch = _spawn(serve, env)
+                orch = _spawn(SERVE, env)
                 await _until_up(base + "/healthz", orch)
                 done = await client.wait_run(run["id"], timeout=60)
         finally:
@@ -197,10 +197,9 @@ async def test_outcomes_lost_to_orchestrator_crashes_use_no_attempts(
 
     port = free_port()
     env = _orchestrator_env(database_url, port)
-    serve = [sys.executable, "-m", "stepline_server.cli.main", "serve"]
     base = f"http://127.0.0.1:{port}"
     conn = await db.connect(database_url)
-    orchestrators = [_spawn(serve, env)]
+    orchestrators = [_spawn(SERVE, env)]
     try:
         await _until_up(base + "/healthz", orchestrators[0])
         key = await keys.create_key(conn, "crash")
@@ -208,7 +207,7 @@ async def test_outcomes_lost_to_orchestrator_crashes_use_no_attempts(
             await _register(client, conn, app_url)
             run = await client.start_run("outlives-crashes", None)
             try:
-                await _crash_twice_mid_step(orchestrators, serve, env, client, run["id"], entered)
+                await _crash_twice_mid_step(orchestrators, env, base, client, run["id"], entered)
             finally:
                 for gate in gates:  # no try is left blocked, whatever happened
                     gate.set()
@@ -234,8 +233,8 @@ async def test_outcomes_lost_to_orchestrator_crashes_use_no_attempts(
 
 async def _crash_twice_mid_step(
     orchestrators: list[subprocess.Popen[bytes]],
-    serve: list[str],
     env: dict[str, str],
+    base: str,
     client: stepline.AsyncClient,
     run_id: str,
     entered: asyncio.Queue[int],
@@ -245,8 +244,8 @@ async def _crash_twice_mid_step(
     assert await asyncio.wait_for(entered.get(), 30) == 1
     for tries in (2, 3):
         _kill(orchestrators[-1])  # the try in flight can no longer report its outcome
-        orchestrators.append(_spawn(serve, env))
-        await _until_up(f"http://127.0.0.1:{env['STEPLINE_PORT']}/healthz", orchestrators[-1])
+        orchestrators.append(_spawn(SERVE, env))
+        await _until_up(base + "/healthz", orchestrators[-1])
         waiting = asyncio.ensure_future(entered.get())
         ending = asyncio.ensure_future(client.wait_run(run_id, timeout=30))
         await asyncio.wait({waiting, ending}, return_when=asyncio.FIRST_COMPLETED)
