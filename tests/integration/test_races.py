@@ -197,6 +197,44 @@ async def test_deleting_an_app_waits_for_its_runs_in_id_order_and_never_deadlock
             await conn.close()
 
 
+async def test_deleting_an_app_never_deadlocks_with_a_child_run_updated_twice(
+    database_url: str,
+) -> None:
+    """An app whose run is the child of another app's run is deleted while an invocation's
+    transaction updates that child twice (its last progress, then its suspension). The second
+    update checks the child's parent key, which locks the parent for share. The delete, holding
+    the parent (the lower id) and waiting for the child, must not block that check: the
+    transaction commits, then the delete takes the child with its app and the parent stays."""
+    owner, deleter, watcher = await connections(database_url, 3)
+    try:
+        await keys.bootstrap(owner)
+        parents = await apps.create(owner, PROJECT, "parents", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(owner, parents, [("parent", {})], None)
+        children = await apps.create(owner, PROJECT, "children", "http://127.0.0.1:9/", "s")
+        await apps.record_sync(owner, children, [("child", {})], None)
+        parent, child = uuid.UUID(int=1), uuid.UUID(int=2**127)
+        await runs.insert(owner, runs.NewRun(parent, PROJECT, "parent", None))
+        await runs.insert(
+            owner,
+            runs.NewRun(child, PROJECT, "child", None, parent_run_id=parent, parent_step="c"),
+        )
+        tx = owner.transaction()
+        await tx.start()
+        touch = "UPDATE runs SET invoke_attempts = invoke_attempts + 1 WHERE id = $1"
+        await owner.execute(touch, child)
+        pid = await deleter.fetchval("SELECT pg_backend_pid()")
+        deleting = asyncio.ensure_future(apps.delete(deleter, PROJECT, children["id"]))
+        assert await blocked_or_done(watcher, pid, deleting)
+        await owner.execute(touch, child)  # deadlocked when the delete held the parent for update
+        await tx.commit()
+        await deleting
+        assert await owner.fetchval("SELECT count(*) FROM runs WHERE id = $1", child) == 0
+        assert await owner.fetchval("SELECT count(*) FROM runs WHERE id = $1", parent) == 1
+    finally:
+        for conn in (owner, deleter, watcher):
+            await conn.close()
+
+
 async def begin(conn: db.Conn, run_id: uuid.UUID) -> tuple[dispatch.Progress, dispatch.Begun]:
     """Claim ``run_id`` (made due now) and begin its invocation: the lease and what it sends."""
     await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)

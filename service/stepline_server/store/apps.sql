@@ -34,12 +34,15 @@ RETURNING *;
 -- Locks the runs of app $2 of project $1, and the runs of other apps whose child runs they
 -- are, in id order, as every statement that locks several runs does, so deleting the app
 -- (whose cascade takes them in the order they lie) never deadlocks with a group commit or an
--- invocation's end holding some of them.
+-- invocation's end holding some of them. FOR NO KEY UPDATE, as an UPDATE locks: a transaction
+-- updating a child run a second time checks its parent key, which locks the parent for share,
+-- and a stronger lock on the parent, held while waiting for that child, would deadlock with it.
+-- (The cascade still takes each run for the delete when it reaches it.)
 SELECT id FROM runs
 WHERE (app_id = $2 AND project_id = $1)
    OR id IN (SELECT c.parent_run_id FROM runs c
              WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL)
-ORDER BY id FOR UPDATE;
+ORDER BY id FOR NO KEY UPDATE;
 
 -- name: fail_orphaned_parents
 -- Before app $2 of project $1 is deleted: every run of another app waiting on an invoke step
