@@ -19,18 +19,19 @@ take off a step; the orchestrator's and the app's own work per step comes on top
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import uvloop
 
-from bench.procs import free_port
+from bench.procs import Service, free_port
 
 ANSWER = b'{"cancelRequested":false,"callbacks":{}}'
 BODY = json.dumps(
@@ -45,6 +46,7 @@ BODY = json.dumps(
     }
 ).encode()
 HEADERS = {"Authorization": "Bearer " + "t" * 64, "Content-Type": "application/json"}
+ME = psutil.Process()
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -56,7 +58,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        json.loads(body)
+        if body:  # the readiness probe's GET has none
+            json.loads(body)
         await send(
             {
                 "type": "http.response.start",
@@ -85,11 +88,6 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 return
 
 
-def _own_cpu() -> float:
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
-
-
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -110,13 +108,13 @@ async def _http_round(url: str, calls: int, server: psutil.Process) -> str:
         for _ in range(min(calls, 200)):  # a warm connection, as a running invocation has
             await client.post(url, BODY, HEADERS, idempotent=True)
         rtts: list[float] = []
-        mine, theirs = _own_cpu(), _cpu(server)
+        mine, theirs = _cpu(ME), _cpu(server)
         for _ in range(calls):
             started = time.perf_counter()
             answer = await client.post(url, BODY, HEADERS, idempotent=True)
             rtts.append(time.perf_counter() - started)
             assert answer.status == 200, answer.status
-        return _line("http", calls, _own_cpu() - mine, _cpu(server) - theirs, rtts)
+        return _line("http", calls, _cpu(ME) - mine, _cpu(server) - theirs, rtts)
     finally:
         await client.aclose()
 
@@ -130,28 +128,14 @@ async def _websocket_round(url: str, calls: int, server: psutil.Process) -> str:
             await ws.send(BODY)
             await ws.recv()
         rtts: list[float] = []
-        mine, theirs = _own_cpu(), _cpu(server)
+        mine, theirs = _cpu(ME), _cpu(server)
         for _ in range(calls):
             started = time.perf_counter()
             await ws.send(BODY)
             answer = await ws.recv()
             rtts.append(time.perf_counter() - started)
             assert answer == ANSWER
-        return _line("websocket", calls, _own_cpu() - mine, _cpu(server) - theirs, rtts)
-
-
-async def _wait_ready(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-            continue
-        writer.close()
-        return
+        return _line("websocket", calls, _cpu(ME) - mine, _cpu(server) - theirs, rtts)
 
 
 async def run(calls: int, rounds: int) -> list[str]:
@@ -160,20 +144,21 @@ async def run(calls: int, rounds: int) -> list[str]:
     argv = [sys.executable, "-m", "uvicorn", "bench.transport:app", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--loop", "uvloop", "--http", "httptools"]
     argv += ["--ws", "websockets-sansio", "--log-level", "warning", "--no-access-log"]
-    child = subprocess.Popen(argv)
-    try:
-        await _wait_ready(port)
-        server = psutil.Process(child.pid)
-        lines = [
-            f"{'transport':<10} {'calls':>6} {'client us':>10} {'server us':>10} {'rtt us':>8}"
-        ]
-        for _ in range(rounds):
-            lines.append(await _http_round(f"http://127.0.0.1:{port}/progress", calls, server))
-            lines.append(await _websocket_round(f"ws://127.0.0.1:{port}/stream", calls, server))
-        return lines
-    finally:
-        child.terminate()
-        child.wait(10)
+    with tempfile.TemporaryDirectory() as logs:
+        far = Service("far side", argv, os.environ, f"http://127.0.0.1:{port}", Path(logs) / "log")
+        far.start()
+        try:
+            await far.wait_ready("/")
+            server = psutil.Process(far.pid)
+            lines = [
+                f"{'transport':<10} {'calls':>6} {'client us':>10} {'server us':>10} {'rtt us':>8}"
+            ]
+            for _ in range(rounds):
+                lines.append(await _http_round(f"{far.url}/progress", calls, server))
+                lines.append(await _websocket_round(f"ws://127.0.0.1:{port}/stream", calls, server))
+            return lines
+        finally:
+            far.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

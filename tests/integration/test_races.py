@@ -165,6 +165,29 @@ async def test_held_runs_go_as_slots_free_oldest_first(database_url: str) -> Non
         await conn.close()
 
 
+async def delete_between_updates(
+    owner: db.Conn,
+    deleter: db.Conn,
+    watcher: db.Conn,
+    app_id: uuid.UUID,
+    first: uuid.UUID,
+    second: uuid.UUID,
+) -> None:
+    """Delete app ``app_id`` on ``deleter`` while ``owner``, in a transaction held open, has
+    updated run ``first``; once the delete waits for a lock, ``owner`` updates run ``second``
+    and commits, and the delete must then finish."""
+    tx = owner.transaction()
+    await tx.start()
+    touch = "UPDATE runs SET invoke_attempts = invoke_attempts + 1 WHERE id = $1"
+    await owner.execute(touch, first)
+    pid = await deleter.fetchval("SELECT pg_backend_pid()")
+    deleting = asyncio.ensure_future(apps.delete(deleter, PROJECT, app_id))
+    assert await blocked_or_done(watcher, pid, deleting)
+    await owner.execute(touch, second)
+    await tx.commit()
+    await deleting
+
+
 async def test_deleting_an_app_waits_for_its_runs_in_id_order_and_never_deadlocks(
     database_url: str,
 ) -> None:
@@ -180,16 +203,8 @@ async def test_deleting_an_app_waits_for_its_runs_in_id_order_and_never_deadlock
         low, high = uuid.UUID(int=1), uuid.UUID(int=2**127)
         for run_id in (high, low):  # the higher id lies first in the table
             await runs.insert(owner, runs.NewRun(run_id, PROJECT, "wf", None))
-        tx = owner.transaction()
-        await tx.start()
-        touch = "UPDATE runs SET invoke_attempts = invoke_attempts + 1 WHERE id = $1"
-        await owner.execute(touch, low)
-        pid = await deleter.fetchval("SELECT pg_backend_pid()")
-        deleting = asyncio.ensure_future(apps.delete(deleter, PROJECT, app["id"]))
-        assert await blocked_or_done(watcher, pid, deleting)
-        await owner.execute(touch, high)  # would deadlock if the delete held the higher run
-        await tx.commit()
-        await deleting
+        # It would deadlock if the delete held the higher run.
+        await delete_between_updates(owner, deleter, watcher, app["id"], low, high)
         assert await owner.fetchval("SELECT count(*) FROM runs WHERE app_id = $1", app["id"]) == 0
         assert await apps.get_by_name(owner, PROJECT, "a") is None
     finally:
@@ -218,16 +233,8 @@ async def test_deleting_an_app_never_deadlocks_with_a_child_run_updated_twice(
             owner,
             runs.NewRun(child, PROJECT, "child", None, parent_run_id=parent, parent_step="c"),
         )
-        tx = owner.transaction()
-        await tx.start()
-        touch = "UPDATE runs SET invoke_attempts = invoke_attempts + 1 WHERE id = $1"
-        await owner.execute(touch, child)
-        pid = await deleter.fetchval("SELECT pg_backend_pid()")
-        deleting = asyncio.ensure_future(apps.delete(deleter, PROJECT, children["id"]))
-        assert await blocked_or_done(watcher, pid, deleting)
-        await owner.execute(touch, child)  # deadlocked when the delete held the parent for update
-        await tx.commit()
-        await deleting
+        # It deadlocked when the delete held the parent for update.
+        await delete_between_updates(owner, deleter, watcher, children["id"], child, child)
         assert await owner.fetchval("SELECT count(*) FROM runs WHERE id = $1", child) == 0
         assert await owner.fetchval("SELECT count(*) FROM runs WHERE id = $1", parent) == 1
     finally:
