@@ -222,6 +222,8 @@ class Worker:
             "Authorization": f"Bearer {token}",
             "Content-Type": "application/json",
             "Stepline-Worker": self.name,
+            # The poll's invocations carry history deltas only to a worker that reads them.
+            "Stepline-Protocol": str(protocol.PROTOCOL_VERSION),
         }
 
     async def aclose(self) -> None:

@@ -341,6 +341,7 @@ class Stepline:
         if response.status not in _GOES_ON:
             self.histories.forget(request.run_id)  # the run ended or starts a new generation
         response.deployment_id = self.deployment_id
+        response.protocol_version = protocol.PROTOCOL_VERSION
         return response
 
     async def aclose(self) -> None:

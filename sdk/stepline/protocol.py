@@ -29,19 +29,25 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """The newest protocol version both ends speak; an app declares its own in ``describe``
-(``protocolVersion``) and the orchestrator uses only what that version has:
+(``protocolVersion``), and in every answer to ``invoke``:
 
 - 1: every invocation carries the run's whole history (an app that declares no version).
 - 2: an invocation may carry only what changed since an earlier one (``historyBase``), and the
   ``steps`` exchange fetches the whole history.
+- 3: such a delta comes as ``"steps": {"historyBase": ..., "changes": [...]}``, which an SDK of
+  an older version refuses (``422``) before running anything, and each answer to ``invoke``
+  declares ``protocolVersion``: a delta goes to a run only after an answer of this version.
 """
+
+DELTAS_PROTOCOL_VERSION = 3
+"""The oldest protocol version the orchestrator sends history deltas to (in the form above)."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """The oldest protocol version the orchestrator still speaks."""
@@ -167,6 +173,17 @@ class InvokeRequest(_Model):
     """Set when ``steps`` holds only what changed since the history invocation ``historyBase``
     brought (the steps written since, the open ones, those just settled): the SDK lays them
     over that history, or fetches the whole one when it did not keep it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _delta(cls, data: Any) -> Any:
+        """A delta on the wire (protocol 3): ``"steps": {"historyBase": ..., "changes": [...]}``
+        (an SDK before it refuses a ``steps`` that is not a list, rather than take the changes
+        for the whole history); read as ``steps`` and ``history_base``."""
+        if isinstance(data, dict) and isinstance(data.get("steps"), dict):
+            delta = data["steps"]
+            data = {**data, "steps": delta.get("changes"), "historyBase": delta.get("historyBase")}
+        return data
 
 
 class HistoryResponse(_Model):
@@ -325,6 +342,9 @@ class InvokeResponse(_Model):
     input: Any = None  # continued: the next generation's input
     logs: list[LogLine] = Field(default_factory=list)
     logs_dropped: int = Field(default=0, alias="logsDropped", ge=0, le=2**31 - 1)
+    protocol_version: int | None = Field(default=None, alias="protocolVersion", ge=1)
+    """The protocol version of the SDK that answered (:data:`PROTOCOL_VERSION`); None: an SDK
+    from before answers declared it (the next invocation carries the whole history)."""
 
 
 class InvocationAnswer(InvokeResponse):

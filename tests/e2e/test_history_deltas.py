@@ -8,9 +8,12 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
+
 import stepline
 from stepline._transport import Transport
-from tests.support import orchestrator_stack, serve, worker
+from stepline.protocol import InvokeRequest
+from tests.support import orchestrator_stack, serve, until, worker
 
 ITERATIONS = 30
 
@@ -35,7 +38,8 @@ class Seen:
         body = b"".join(chunks)
         payload = json.loads(body)
         if payload.get("kind") == "invoke":
-            self.invocations.append((len(payload["steps"]), payload.get("historyBase")))
+            request = InvokeRequest.model_validate(payload)
+            self.invocations.append((len(request.steps), request.history_base))
         sent = False
 
         async def replay() -> Any:
@@ -320,3 +324,42 @@ async def test_executions_kept_are_let_go_past_the_count_and_the_age(database_ur
     assert sl.parked.resumed == 2
     assert ran.pop("passes") == 2 + (1 + 2 + 3 + 3)  # the second run's, then every replay
     assert ran == {"w0": 2, "w1": 2, "w2": 1}  # one step run per run
+
+
+async def test_a_worker_that_declares_no_protocol_polls_whole_histories(database_url: str) -> None:
+    """A run's first invocation answered by a worker of today's SDK (it reads deltas); the next
+    polled by a worker that declares no protocol in its poll (an SDK from before deltas came in
+    their form) carries the whole history, as a list."""
+    sl = stepline.Stepline("secret-deltas")
+
+    @sl.workflow("nap")
+    async def nap(ctx: stepline.Context, input: object) -> str:
+        await ctx.step("first", lambda: 1)
+        await ctx.sleep("nap", "2s")
+        return "ok"
+
+    async with orchestrator_stack(database_url) as stack:
+        slug = await stack.register_pull("deltas")
+        async with worker(stack, sl, slug):
+            run = await stack.client.start_run("nap", None)
+
+            async def suspended() -> bool:
+                events = [e async for e in stack.client.iter_run_events(run["id"])]
+                return any(e.get("data", {}).get("outcome") == "suspended" for e in events)
+
+            await until(suspended, "the first invocation's answer")
+        async with httpx.AsyncClient(base_url=stack.url) as http:
+            answer = await http.post(
+                f"/v1/apps/{slug}/poll",
+                params={"wait": "10s", "limit": "1"},
+                headers={"Authorization": f"Bearer {stack.api_key}"},
+                timeout=30,
+            )
+    assert answer.status_code == 200, answer.text
+    [body] = answer.json()["invocations"]
+    assert body["runId"] == run["id"] and isinstance(body["steps"], list)
+    assert "historyBase" not in body
+    assert [(s["name"], s["status"]) for s in body["steps"]] == [
+        ("first", "completed"),
+        ("nap", "completed"),
+    ]

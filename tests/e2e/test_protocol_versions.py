@@ -1,6 +1,7 @@
 """Protocol versions: an app speaking the oldest supported protocol (the SDK as it was before
 history deltas, taken from this repository's history) gets whole histories and its runs
-complete; an app of today declares its version and gets deltas."""
+complete; an app of today declares its version and gets deltas; a fleet mixing both behind one
+URL (a rolling deploy, a rollback) runs every step once, whichever replica answered the sync."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ import httpx
 import pytest
 
 import stepline
+from stepline.protocol import PROTOCOL_VERSION, InvokeRequest
 from tests.ports import free_port
-from tests.support import orchestrator_stack, read_body, serve
+from tests.support import Stack, orchestrator_stack, read_body, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST_SDK = "7a8814b"  # the last commit whose SDK speaks protocol 1 (whole histories only)
@@ -46,6 +48,32 @@ APP = textwrap.dedent(
 )
 
 
+FLEET_APP = textwrap.dedent(
+    """
+    import os
+
+    import stepline
+
+    sl = stepline.Stepline("secret-fleet")
+
+    def effect(name, value):
+        with open(os.environ["EFFECTS"], "a") as out:
+            out.write(name + "\\n")
+        return value
+
+    @sl.workflow("stepping")
+    async def stepping(ctx, input):
+        total = 0
+        for i in range(4):
+            total += await ctx.step(f"add-{i}", effect, f"{input}:add-{i}", i + 1)
+            await ctx.sleep(f"nap-{i}", "20ms")
+        return {"total": total}
+
+    app = sl.asgi()
+    """
+)
+
+
 class Bases:
     """ASGI wrapper noting each invocation's ``historyBase`` (None: a whole history)."""
 
@@ -59,7 +87,7 @@ class Bases:
         body = await read_body(receive)
         request = json.loads(body)
         if request.get("kind") == "invoke":
-            self.bases.append(request.get("historyBase"))
+            self.bases.append(InvokeRequest.model_validate(request).history_base)
         sent = False
 
         async def again() -> Any:
@@ -90,10 +118,21 @@ def old_sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @asynccontextmanager
 async def old_app(folder: Path) -> AsyncIterator[str]:
     """The app above, served by uvicorn in a process whose ``stepline`` is the old SDK."""
+    async with app_process(folder, "oldapp", old=True) as url:
+        yield url
+
+
+@asynccontextmanager
+async def app_process(
+    folder: Path, module: str, *, old: bool, env: dict[str, str] | None = None
+) -> AsyncIterator[str]:
+    """``module:app`` in ``folder``, served by uvicorn in a process of its own whose
+    ``stepline`` is the old SDK (``old``) or today's."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{folder / 'sdk'}"}
+    path = f"{folder}{os.pathsep}{folder / 'sdk'}" if old else str(folder)
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "oldapp:app", "--port", str(port), "--log-level",
+        [sys.executable, "-m", "uvicorn", f"{module}:app", "--port", str(port), "--log-level",
          "warning"],
         cwd=folder,
         env=env,
@@ -147,8 +186,146 @@ async def test_an_app_of_the_oldest_protocol_gets_whole_histories(
 
     async with orchestrator_stack(database_url) as stack, serve(Bases(sl.asgi(), bases)) as url:
         slug = await stack.register(sl, url + "/", "new")
-        assert (await stack.client.get_app(slug))["protocolVersion"] == 2
+        assert (await stack.client.get_app(slug))["protocolVersion"] == PROTOCOL_VERSION
         run = await stack.client.start_run("stepping-now", None)
         done = await stack.client.wait_run(run["id"], timeout=30)
     assert done["status"] == "completed" and done["output"] == 6
     assert bases[0] is None and all(b is not None for b in bases[1:]) and len(bases) > 1
+
+
+class Fleet:
+    """One URL in front of two replicas of an app, as a load balancer: ``describe`` goes to
+    ``sync_to``, the n-th invocation (from 0) to ``route(n)``. Notes each invocation as
+    (replica, whether it carried a history delta, the answer's status)."""
+
+    def __init__(self, replicas: dict[str, str], route: Callable[[int], str]) -> None:
+        self.replicas, self.route = replicas, route
+        self.sync_to = "new"
+        self.calls: list[tuple[str, bool, int]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = await read_body(receive)
+        request = json.loads(body) if body else {}
+        invoke = request.get("kind") == "invoke"
+        to = self.route(len(self.calls)) if invoke else self.sync_to
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        forwarded = {
+            k: v for k, v in headers.items() if k in ("content-type", "stepline-signature")
+        }
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.request(
+                scope["method"], self.replicas[to], content=body, headers=forwarded
+            )
+        if invoke:
+            delta = InvokeRequest.model_validate(request).history_base is not None
+            self.calls.append((to, delta, answer.status_code))
+        back = [(k.encode(), v.encode()) for k, v in answer.headers.items()
+                if k in ("content-type", "stepline-protocol")]  # fmt: skip
+        await send({"type": "http.response.start", "status": answer.status_code, "headers": back})
+        await send({"type": "http.response.body", "body": answer.content})
+
+
+@pytest.fixture
+def effects(old_sdk: Path, tmp_path: Path) -> Iterator[Path]:
+    """The fleet's app, beside the old SDK; its steps note each execution in ``effects``."""
+    (old_sdk / "fleetapp.py").write_text(FLEET_APP)
+    yield tmp_path / "effects"
+
+
+@asynccontextmanager
+async def fleet(
+    database_url: str, old_sdk: Path, effects: Path, route: Callable[[int], str]
+) -> AsyncIterator[tuple[Fleet, Stack, str]]:
+    """The fleet app on today's SDK (deployment ``new``) and on the oldest one (``old``) behind
+    one URL, registered on an orchestrator and synced on today's: the fleet, the orchestrator
+    and the app's slug."""
+    env = {"EFFECTS": str(effects)}
+    async with (
+        app_process(old_sdk, "fleetapp", old=False, env={**env, "STEPLINE_DEPLOYMENT_ID": "new"})
+        as new,
+        app_process(old_sdk, "fleetapp", old=True, env={**env, "STEPLINE_DEPLOYMENT_ID": "old"})
+        as old,
+        orchestrator_stack(database_url) as stack,
+    ):  # fmt: skip
+        lb = Fleet({"new": new, "old": old}, route)
+        async with serve(lb) as url:
+            async with stack.orchestrator.pool.acquire() as conn:
+                from stepline_server.store import apps, keys
+
+                row = await apps.create(
+                    conn, keys.DEFAULT_PROJECT, "fleet", url + "/", "secret-fleet"
+                )
+                assert row is not None
+            await stack.client.sync_app(row["slug"])
+            shown = await stack.client.get_app(row["slug"])
+            assert shown["protocolVersion"] == PROTOCOL_VERSION
+            yield lb, stack, row["slug"]
+
+
+async def run_through(stack: Stack, name: str) -> list[dict[str, Any]]:
+    """Start a run of ``stepping`` with input ``name``, see it complete with every step's
+    result; its history."""
+    run = await stack.client.start_run("stepping", name)
+    done = await stack.client.wait_run(run["id"], timeout=60)
+    assert done["status"] == "completed", done
+    assert done["output"] == {"total": 10}
+    return [e async for e in stack.client.iter_run_events(run["id"])]
+
+
+def answered_by(events: list[dict[str, Any]]) -> set[str]:
+    """The deployments whose answers a run's history recorded."""
+    return {
+        e["deploymentId"]
+        for e in events
+        if e["type"] == "invocation.ended" and e["data"]["outcome"] != "delivery_failed"
+    }
+
+
+def executions(effects: Path) -> list[str]:
+    return sorted(effects.read_text().split()) if effects.exists() else []
+
+
+async def test_a_rolling_deploy_mixing_protocols_runs_every_step_once(
+    database_url: str, old_sdk: Path, effects: Path
+) -> None:
+    """Replicas of today's SDK and of the oldest protocol behind one URL, the sync answered by
+    today's (the app is recorded as speaking today's protocol), invocations going to one twice,
+    then to the other twice: every run completes, each step ran once, both replicas answered
+    for each run, today's read deltas and the old one never ran an invocation carrying one (one
+    it was sent, it refused, and the run was invoked again at once with its whole history)."""
+    twice_each = fleet(database_url, old_sdk, effects, lambda n: "new" if n % 4 < 2 else "old")
+    async with twice_each as (lb, stack, _):
+        for name in ("r1", "r2"):
+            events = await run_through(stack, name)
+            assert answered_by(events) == {"new", "old"}
+            assert not [e for e in events if e["type"] in ("step.failed", "run.failed")]
+    assert executions(effects) == [f"r{r}:add-{i}" for r in (1, 2) for i in range(4)]
+    assert not [c for c in lb.calls if c[0] == "old" and c[1] and c[2] == 200], lb.calls
+    assert {("new", True, 200), ("old", True, 422), ("old", False, 200)} <= set(lb.calls)
+    refused = [e for e in events if e.get("data", {}).get("outcome") == "delivery_failed"]
+    assert refused and all("refused the history delta" in e["data"]["error"] for e in refused)
+
+
+async def test_a_rollback_to_the_oldest_protocol_runs_every_step_once(
+    database_url: str, old_sdk: Path, effects: Path
+) -> None:
+    """The app synced on today's SDK, a run's first invocation answered by it, then the
+    deployment rolled back to the oldest protocol (no sync yet): the old replicas get whole
+    histories and the run completes with each step run once; synced again on the old replica
+    (the app is recorded as version 1), the next run completes too."""
+    rolled_back = fleet(database_url, old_sdk, effects, lambda n: "new" if n == 0 else "old")
+    async with rolled_back as (lb, stack, slug):
+        events = await run_through(stack, "r1")
+        assert answered_by(events) == {"new", "old"}
+        lb.sync_to = "old"
+        await stack.client.sync_app(slug)
+        assert (await stack.client.get_app(slug))["protocolVersion"] == 1
+        assert answered_by(await run_through(stack, "r2")) == {"old"}
+    assert executions(effects) == [f"r{r}:add-{i}" for r in (1, 2) for i in range(4)]
+    assert not [c for c in lb.calls if c[0] == "old" and c[1] and c[2] == 200], lb.calls
+    assert ("old", True, 422) in lb.calls

@@ -255,12 +255,13 @@ async def begin(conn: db.Conn, run_id: uuid.UUID) -> tuple[dispatch.Progress, di
 
 
 async def suspend(conn: db.Conn, item: dispatch.Progress) -> None:
+    """End the invocation suspended, answered by an SDK that reads history deltas."""
     done = dispatch.Progress(
         item.run_id,
         item.token,
         item.invocation_id,
         item.plan,
-        outcome=dispatch.Outcome(status="suspended"),
+        outcome=dispatch.Outcome(status="suspended", reads_deltas=True),
     )
     assert await dispatch.commit(conn, [done])
 
@@ -304,11 +305,12 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
         )
         await suspend(first, raced_item)
 
-        _, after = await begin(first, item.run_id)
+        after_item, after = await begin(first, item.run_id)
         assert after.history_base == claim["invocation_id"]
         assert [(s["name"], s["status"], s["output"]) for s in after.steps] == [
             ("wait", "completed", {"n": 7})
         ]
+        await suspend(first, after_item)
         _, quiet = await begin(first, item.run_id)
         assert quiet.steps == [] and (quiet.history_steps, quiet.history_bytes) == (1, 8)
     finally:

@@ -397,3 +397,40 @@ async def test_a_run_this_orchestrator_is_invoking_is_not_taken_again(database_u
         assert other["lease_token"] != first["lease_token"]
     finally:
         await conn.close()
+
+
+async def test_a_delta_follows_only_an_answer_of_an_sdk_that_reads_deltas(
+    database_url: str,
+) -> None:
+    """What an invocation carries follows the answer to the run's last invocation, not what
+    the app declared at its last sync: after an answer that does not read deltas, the whole
+    history though the app declared it does; after one that does, only what changed though the
+    app declared protocol 1; never to a poll that does not read them."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        [(run_id, token, inv)] = await _leased_runs(conn, 1)
+        update = StepUpdate(name="a", kind="value", action="complete", output=1)
+        plan = plan_updates(str(run_id), [update])
+        begun = await dispatch.begin_invocations(conn, [dispatch.Begin(run_id, token, inv, 1)])
+        assert begun[run_id].history_base is None
+
+        async def answer_then_begin(reads_deltas: bool, deltas: bool = True) -> dispatch.Begun:
+            """The invocation holding the run answers, suspended; the next one begins."""
+            nonlocal token, inv
+            outcome = dispatch.Outcome(status="suspended", reads_deltas=reads_deltas)
+            done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
+            assert (await dispatch.commit(conn, [done]))[run_id].recorded
+            await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+            [claim] = await dispatch.claim(conn, "test", 60, 1)
+            token, inv = claim["lease_token"], claim["invocation_id"]
+            start = dispatch.Begin(run_id, token, inv, 1, deltas)
+            return (await dispatch.begin_invocations(conn, [start]))[run_id]
+
+        assert (await answer_then_begin(reads_deltas=False)).history_base is None
+        await conn.execute("UPDATE apps SET protocol_version = 1")
+        before = inv
+        assert (await answer_then_begin(reads_deltas=True)).history_base == before
+        assert (await answer_then_begin(reads_deltas=True, deltas=False)).history_base is None
+    finally:
+        await conn.close()

@@ -99,3 +99,25 @@ def test_body_matches_the_protocol_models(run_input: Any, steps: list[dict[str, 
     assert built == through_models(run, steps, 2)
     assert list(built) == list(through_models(run, steps, 2))
     InvokeRequest.model_validate(built)  # and the SDK reads it back
+
+
+def test_a_delta_comes_in_a_form_only_an_sdk_that_reads_deltas_takes() -> None:
+    """With a base, the steps come as ``{"historyBase", "changes"}``: today's SDK reads them as
+    the changes over that base; a ``steps`` that is not a list is what an SDK from before this
+    form refuses (422) rather than take the changes for the whole history."""
+    run = {
+        "id": uuid.uuid4(),
+        "workflow": "wf",
+        "input": None,
+        "invocation_id": uuid.uuid4(),
+        "lease_token": "tok",
+        "cancel_requested": False,
+    }
+    base = uuid.uuid4()
+    built = invoke_body(run, STEPS[:2], attempt=1, api_url=API, signer=SIGNER, history_base=base)
+    assert set(built["steps"]) == {"historyBase", "changes"} and "historyBase" not in built
+    read = InvokeRequest.model_validate(built)
+    assert read.history_base == str(base)
+    assert [s.name for s in read.steps] == ["a", "b"]
+    whole = invoke_body(run, STEPS[:2], attempt=1, api_url=API, signer=SIGNER)
+    assert isinstance(whole["steps"], list) and "historyBase" not in whole

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from stepline.protocol import InvocationAnswer
+from stepline.protocol import PROTOCOL_HEADER, InvocationAnswer
 from stepline_server.api import routes_apps
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
@@ -22,6 +22,7 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.responses import json_response, read_json, read_model, refuse_body
 from stepline_server.api.routes_protocol import MAX_PROGRESS_BODY, authorize
+from stepline_server.engine import deltas
 from stepline_server.engine import pull as rules
 
 __all__ = ["answer", "heartbeat", "poll"]
@@ -36,7 +37,8 @@ class Heartbeat(BaseModel):
 
 async def poll(request: Request) -> Response:
     """Up to ``limit`` invocations of the pull app, each leased to the caller, after waiting
-    at most ``wait`` for one; ``204`` when none came."""
+    at most ``wait`` for one; ``204`` when none came. Each carries a history delta only when
+    the worker declared a protocol that reads them (``Stepline-Protocol``)."""
     row = await routes_apps.app_of(request)
     await refuse_body(request)
     try:
@@ -54,7 +56,8 @@ async def poll(request: Request) -> Response:
     gone = asyncio.Event()
     watch = asyncio.create_task(_until_disconnected(request.receive, gone))
     try:
-        bodies = await o.pull.poll(row, limit, wait, gone)
+        version = deltas.declared(request.headers.get(PROTOCOL_HEADER))
+        bodies = await o.pull.poll(row, limit, wait, gone, deltas=deltas.reads_deltas(version))
     finally:
         watch.cancel()
     if not bodies:

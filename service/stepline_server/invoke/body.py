@@ -28,7 +28,8 @@ def invoke_body(
 ) -> dict[str, Any]:
     """The request for ``run`` (a claimed row) with its ``steps`` (rows in recorded order):
     all of them, or with ``history_base`` only those that changed since the history invocation
-    ``history_base`` was sent (``historyBase``: the app lays them over the one it kept)."""
+    ``history_base`` was sent, as ``{"historyBase", "changes"}`` (the app lays them over the one
+    it kept; an SDK from before this form refuses it rather than take it for the whole)."""
     body: dict[str, Any] = {
         "kind": "invoke",
         "runId": str(run["id"]),
@@ -43,7 +44,7 @@ def invoke_body(
         "generation": run.get("generation") or 1,
     }
     if history_base is not None:
-        body["historyBase"] = str(history_base)
+        body["steps"] = {"historyBase": str(history_base), "changes": body["steps"]}
     if body["input"] is None:
         del body["input"]
     return body

@@ -16,7 +16,7 @@ import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
 from stepline_server import tracing
-from stepline_server.engine import error_codes, history
+from stepline_server.engine import deltas, error_codes, history
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
 from stepline_server.invoke.body import invoke_body
@@ -413,6 +413,11 @@ class Dispatcher:
             None,
             result.retry_after,
         )
+        sent_delta = begun.history_base is not None
+        if outcome.status == "delivery_failed" and deltas.refused(sent_delta, result.http_status):
+            # An SDK from before deltas came in this form ran nothing: the next invocation,
+            # at once, carries the whole history (the run's last answer was not this one's).
+            outcome = replace(outcome, retry_delay_ms=0, reason=deltas.REFUSED_DELTA)
         await self._record(claim, Plan(), replace(outcome, request=sent))
 
     def observe_begun(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> None:
@@ -632,4 +637,5 @@ def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> di
         http_status=http_status,
         duration_ms=took,
         deployment_id=response.deployment_id,
+        reads_deltas=deltas.reads_deltas(response.protocol_version),
     )

@@ -45,12 +45,19 @@ class PullInvocations:
         self._closing.set()
 
     async def poll(
-        self, app: Record, limit: int, wait: float, gone: asyncio.Event | None = None
+        self,
+        app: Record,
+        limit: int,
+        wait: float,
+        gone: asyncio.Event | None = None,
+        *,
+        deltas: bool = True,
     ) -> list[dict[str, Any]]:
         """The invoke bodies of up to ``limit`` due runs of pull app ``app``, each now leased
         to the poll (its invocation begun); waits up to ``wait`` seconds for one to come due,
         woken by the dispatcher's wake-ups. Empty when none came, or once ``gone`` is set (the
-        worker went away: a run claimed for it would wait out its lease)."""
+        worker went away: a run claimed for it would wait out its lease). Without ``deltas``
+        (the worker does not read them) each carries its run's whole history."""
         app_id: uuid.UUID = app["id"]
         give_up = time.monotonic() + wait
         gone = gone or asyncio.Event()
@@ -59,7 +66,7 @@ class PullInvocations:
         while not gone.is_set() and not self._closing.is_set():
             with self.dispatcher.pollers.watch(app_id) as woken:
                 async with self.pool.acquire() as conn:
-                    bodies = await self._claim(conn, app_id, limit)
+                    bodies = await self._claim(conn, app_id, limit, deltas)
                     if bodies:
                         return bodies
                     due_in = await pull.next_due_in(conn, app_id)
@@ -72,7 +79,9 @@ class PullInvocations:
                 await _first(timeout, woken, gone, self._closing)
         return []
 
-    async def _claim(self, conn: Conn, app_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
+    async def _claim(
+        self, conn: Conn, app_id: uuid.UUID, limit: int, deltas: bool
+    ) -> list[dict[str, Any]]:
         # The dispatcher's lease: no takeovers for a lease after the database was away (a
         # worker's beats could not land either).
         lease = self.dispatcher.lease()
@@ -90,7 +99,11 @@ class PullInvocations:
             conn,
             [
                 dispatch.Begin(
-                    row["id"], row["lease_token"], row["invocation_id"], row["invoke_attempts"] + 1
+                    row["id"],
+                    row["lease_token"],
+                    row["invocation_id"],
+                    row["invoke_attempts"] + 1,
+                    deltas,
                 )
                 for row in begin
             ],

@@ -218,6 +218,7 @@ async def begin_invocations(
             "token": b.token,
             "invocation_id": str(b.invocation_id),
             "attempt": b.attempt,
+            "deltas": b.deltas,
         }
         for b in starts
     ]
@@ -260,6 +261,7 @@ class Begin:
     token: str
     invocation_id: uuid.UUID
     attempt: int
+    deltas: bool = True  # False: whoever gets it may not read history deltas (whole history)
 
 
 async def apply_plan(conn: Conn, item: Progress) -> Committed | None:
@@ -533,6 +535,9 @@ class Outcome:
     retry_delay_ms: int | None = None  # delivery_failed: invoke again after this delay
     reason: str | None = None  # why the invocation failed, for the history
     request: str | None = None  # what was sent: "POST <url> (<n> bytes)", "poll by <worker>"
+    # The answer came from an SDK that reads history deltas (it declared protocol 3 or newer):
+    # the run's next invocation may carry only what changed since this one.
+    reads_deltas: bool = False
 
 
 def ended_event(outcome: Outcome) -> dict[str, Any]:
@@ -574,7 +579,14 @@ async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
             if await conn.fetchval(Q["invoke_failed"], item.run_id, item.token, delay):
                 recorded.add(item.run_id)
     if suspended:
-        leases = [{"id": str(i.run_id), "token": i.token} for i in suspended]
+        leases = [
+            {
+                "id": str(i.run_id),
+                "token": i.token,
+                "acked": i.outcome is not None and i.outcome.reads_deltas,
+            }
+            for i in suspended
+        ]
         rows = await conn.fetch(Q["suspend_runs"], leases)
         recorded |= {row["id"] for row in rows}
     if ends:

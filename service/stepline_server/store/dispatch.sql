@@ -109,17 +109,18 @@ FROM held WHERE r.id = held.id
 RETURNING r.id, r.cancel_requested;
 
 -- name: begin_invocations
--- For each claimed run ($1: [{run_id, token, invocation_id, attempt}]) whose lease the token
--- still holds (a claim that went stale begins nothing: another orchestrator may hold the run
--- now): settles what came due (sleeps complete, those ending within $2 seconds too, as of their
--- end; event waits past their timeout complete with null; callbacks past theirs fail as timed
--- out) and records its invocation starting, with the app's last known deployment. Returns the
--- run's steps in the order they were first recorded, one row each (a run begun with no steps to
--- send: one row whose name is null): every step when the run's last invocation is not known
--- (history_base null), else only those written by transactions the snapshot that invocation's
--- steps were read under did not see, the open ones (their flags depend on the time) and those
--- this statement settled; the app lays them over the history it kept from invocation
--- history_base. The snapshot of this statement is kept for the next invocation. Each row says
+-- For each claimed run ($1: [{run_id, token, invocation_id, attempt, deltas}]) whose lease the
+-- token still holds (a claim that went stale begins nothing: another orchestrator may hold the
+-- run now): settles what came due (sleeps complete, those ending within $2 seconds too, as of
+-- their end; event waits past their timeout complete with null; callbacks past theirs fail as
+-- timed out) and records its invocation starting, with the app's last known deployment. Returns
+-- the run's steps in the order they were first recorded, one row each (a run begun with no
+-- steps to send: one row whose name is null): every step (history_base null) when the run's
+-- last invocation is not known or was not answered by an SDK that reads deltas, or when deltas
+-- is false (the poll of a worker that does not read them), else only those written by
+-- transactions the snapshot that invocation's steps were read under did not see, the open ones
+-- (their flags depend on the time) and those this statement settled; the app lays them over
+-- the history it kept from invocation history_base. The snapshot of this statement is kept for the next invocation. Each row says
 -- the size of the run's whole history (history_steps, history_bytes: bytes of results); wait_s
 -- says in how many seconds the last sleep settled ends: the app must not be called before;
 -- blocked marks a retrying step whose next attempt is not due when the app is called; a result
@@ -132,7 +133,8 @@ RETURNING r.id, r.cancel_requested;
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item) AS q(run_id uuid, token text,
-                                                      invocation_id uuid, attempt integer)
+                                                      invocation_id uuid, attempt integer,
+                                                      deltas boolean)
         WHERE jsonb_typeof(item) = 'object'
 ),
 db AS MATERIALIZED (
@@ -140,11 +142,13 @@ db AS MATERIALIZED (
 ),
 -- What the invocation carries is decided here, once: only what changed since the snapshot its
 -- last invocation read under, when that snapshot was taken in this database (not a dump
--- restored elsewhere, not a logical copy: their transactions are another cluster's) and the
--- app declared history deltas (protocol 2); else every step.
+-- restored elsewhere, not a logical copy: their transactions are another cluster's) and that
+-- invocation was answered by an SDK that reads deltas (history_acked; not what the app declared
+-- at its last sync: another replica, of another SDK, may have answered since); else every step.
 held AS (
     SELECT q.run_id, q.invocation_id, q.attempt, a.deployment_id,
-           CASE WHEN a.protocol_version >= 2 AND runs.history_db = db.id
+           CASE WHEN coalesce(q.deltas, true) AND runs.history_db = db.id
+                     AND runs.history_acked = runs.history_invocation
                 THEN runs.history_snapshot END AS since,
            runs.history_invocation AS base
     FROM q JOIN runs ON runs.id = q.run_id JOIN apps a ON a.id = runs.app_id CROSS JOIN db
@@ -398,12 +402,14 @@ UPDATE steps SET status = 'failed', error = $3, ended_at = now()
 WHERE run_id = $1 AND name = $2 AND status = 'waiting';
 
 -- name: suspend_runs
--- Ends invocations ($1: [{id, token}], each a run and its lease token) with the runs still
--- running: each comes due at its earliest timer, or at once when something woke it while the
--- invocation ran. Answers the runs suspended (not those whose lease was lost). The runs are
--- locked in id order.
+-- Ends invocations ($1: [{id, token, acked}], each a run and its lease token, and whether an SDK
+-- that reads history deltas answered) with the runs still running: each comes due at its
+-- earliest timer, or at once when something woke it while the invocation ran; the next
+-- invocation may carry a delta only after an acked one. Answers the runs suspended (not those
+-- whose lease was lost). The runs are locked in id order.
 UPDATE runs SET
     lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
+    history_acked = CASE WHEN q.acked THEN runs.invocation_id END,
     ready_at = CASE
         WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
         ELSE least(runs.deadline_at, (
@@ -411,9 +417,9 @@ UPDATE runs SET
             WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
         END
 FROM (
-    SELECT r.id FROM runs r
+    SELECT r.id, q.acked FROM runs r
     JOIN (SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
-              CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text)
+              CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text, acked boolean)
           WHERE jsonb_typeof(item) = 'object') q ON r.id = q.id AND r.lease_token = q.token
     ORDER BY r.id
     FOR UPDATE OF r

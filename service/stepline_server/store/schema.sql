@@ -553,3 +553,5 @@ CREATE UNIQUE INDEX alert_notifications_once ON alert_notifications (alert_id, r
 CREATE INDEX alert_notifications_due ON alert_notifications (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX alert_notifications_alert ON alert_notifications (alert_id, created_at DESC, id DESC);
 CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHERE status <> 'pending';
+ALTER TABLE runs ADD COLUMN history_acked uuid;
+COMMENT ON COLUMN runs.history_acked IS 'The last invocation of the run answered by an SDK that reads history deltas (its answer declared protocol 3 or newer): the next invocation carries only what changed since history_invocation when this is history_invocation, else every step.';
