@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import AfterValidator, Field, ValidationError
 
-from stepline import _json
+from stepline import wire
 from stepline_server.engine import egress
 
 MAX_BYTES = 1024 * 1024
@@ -43,12 +43,12 @@ def parse(raw: bytes, *, what: str = "the request body", limit: int = MAX_BYTES)
     try:
         data = orjson.loads(raw)  # refuses NaN, Infinity and numbers that overflow (1e400)
         if _LONG_NUMBER.search(raw):  # orjson turns integers past 64 bits into floats
-            data = _json.loads(raw)
+            data = wire.loads(raw)
     except (orjson.JSONDecodeError, ValueError) as exc:
         raise BadPayload("invalid_json", f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
-        data = [[]] * (_json.MAX_DEPTH + 1)  # refused just below
-    found = _json.payload_problem_at(data)
+        data = [[]] * (wire.MAX_DEPTH + 1)  # refused just below
+    found = wire.payload_problem_at(data)
     if found:
         where, problem = found
         raise BadPayload(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stepline._durations import to_ms
+from stepline.wire import to_ms
 from stepline_server import authlimits
 from stepline_server.engine.egress import parse_networks
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline import _json
+from stepline import wire
 from stepline.protocol import ProgressRequest
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
@@ -124,7 +124,7 @@ def _check_storable(call: ProgressRequest) -> None:
     invocation body could not carry back: NUL characters, deep nesting, integers past 64
     bits."""
     for update in call.updates:
-        problem = _json.payload_problem(update.output) or _json.payload_problem(
+        problem = wire.payload_problem(update.output) or wire.payload_problem(
             update.model_dump(mode="python", exclude={"output"})
         )
         if problem:
@@ -132,7 +132,7 @@ def _check_storable(call: ProgressRequest) -> None:
                 f"step {update.name!r} cannot be stored: {problem}", {"step": update.name}
             )
     for n, line in enumerate(call.logs):
-        problem = _json.payload_problem(line.message) or _json.payload_problem(line.fields)
+        problem = wire.payload_problem(line.message) or wire.payload_problem(line.fields)
         if problem or (line.step_name and "\x00" in line.step_name):
             raise ValidationFailed(
                 f"log line {n} cannot be stored: {problem or 'NUL in stepName'}",

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline._durations import parse_duration
+from stepline.wire import parse_duration
 from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project

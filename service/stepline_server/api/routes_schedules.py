@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline._durations import to_ms
+from stepline.wire import to_ms
 from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, project

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepline._durations import parse_duration
+from stepline.wire import parse_duration
 
 MAX_POLL_WAIT = 60.0
 DEFAULT_POLL_WAIT = 30.0

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from stepline import _http
-from stepline._signing import sign
+from stepline import wire
 from stepline.protocol import SIGNATURE_HEADER
+from stepline.wire import sign
 from stepline_server.engine import alerts as rules
 from stepline_server.engine.egress import Egress
 from stepline_server.invoke.resolve import Resolver
@@ -45,7 +45,7 @@ class AlertSender:
         max_connections: int = 16,
     ) -> None:
         self.resolver = Resolver(egress or Egress())
-        self._http = _http.HttpClient(
+        self._http = wire.HttpClient(
             timeout=timeout,
             max_idle=max_connections,
             resolve=self.resolver.connect_address,
@@ -68,7 +68,7 @@ class AlertSender:
             headers[SIGNATURE_HEADER] = sign(payload, secret)
         try:
             answer = await self._http.post(url, payload, headers, follow_redirects=True)
-        except _http.HttpError as exc:
+        except wire.HttpError as exc:
             reason = str(exc)
             if reason == "timed out":
                 reason = "the receiver did not answer in time"

@@ -1,6 +1,6 @@
 """Calls into apps over HTTP: signed ``invoke`` and ``describe`` requests, and their answers.
 
-Invocations go through the SDK's lean keep-alive client (:mod:`stepline._http`, far cheaper per
+Invocations go through the SDK's lean keep-alive client (:mod:`stepline.wire`, far cheaper per
 request than httpx); a given httpx transport replaces it, so tests can call an app in process
 (and with it the network, so the egress rules do not apply to it). Every connection is made to
 an address the egress rules allow (:mod:`.resolve`), redirects are followed within the same
@@ -23,14 +23,14 @@ import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from stepline import _http
-from stepline._signing import sign
+from stepline import wire
 from stepline.protocol import (
     PROTOCOL_HEADER,
     SIGNATURE_HEADER,
     DescribeResponse,
     InvokeResponse,
 )
+from stepline.wire import sign
 from stepline_server.engine.egress import Egress
 from stepline_server.invoke.resolve import Resolver
 
@@ -67,7 +67,7 @@ class AppCaller:
     ) -> None:
         self._describe_timeout = describe_timeout
         self.resolver = Resolver(egress or Egress())
-        self._fast = _http.HttpClient(
+        self._fast = wire.HttpClient(
             timeout=timeout,
             max_idle=max_connections,
             resolve=self.resolver.connect_address,
@@ -99,9 +99,9 @@ class AppCaller:
             extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
             response = await self._client.post(url, content=payload, headers=headers, **extra)
         except httpx.TimeoutException:
-            raise _http.HttpError("timed out") from None
+            raise wire.HttpError("timed out") from None
         except httpx.HTTPError as exc:
-            raise _http.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
+            raise wire.HttpError(f"{type(exc).__name__}: {exc or 'no detail'}") from None
         return response.status_code, response.content, dict(response.headers)
 
     async def invoke(
@@ -140,7 +140,7 @@ class AppCaller:
         started = time.perf_counter()
         try:
             status, content, answered = await self._post(url, payload, headers, timeout)
-        except _http.HttpError as exc:
+        except wire.HttpError as exc:
             if str(exc) == "timed out":
                 reason = "the app did not answer in time"
             else:

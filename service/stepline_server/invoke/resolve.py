@@ -11,7 +11,7 @@ import asyncio
 import socket
 from urllib.parse import urlsplit
 
-from stepline import _http
+from stepline import wire
 from stepline_server.engine.egress import Egress, IPAddress, as_address
 
 RESOLVE_SECONDS = 10.0
@@ -34,23 +34,23 @@ class Resolver:
                 host, None, type=socket.SOCK_STREAM
             )
         except (OSError, UnicodeError) as exc:
-            raise _http.HttpError(f"the host {host} could not be resolved ({exc})") from None
+            raise wire.HttpError(f"the host {host} could not be resolved ({exc})") from None
         found: list[IPAddress] = []
         for info in infos:
             address = as_address(str(info[4][0]))
             if address is not None and address not in found:
                 found.append(address)
         if not found:
-            raise _http.HttpError(f"the host {host} resolved to no address")
+            raise wire.HttpError(f"the host {host} resolved to no address")
         return found
 
     async def connect_address(self, host: str, port: int) -> str:
-        """The address to connect to for ``host`` (the hook of :class:`stepline._http.HttpClient`);
+        """The address to connect to for ``host`` (the hook of :class:`stepline.wire.HttpClient`);
         HttpError when the host does not resolve or an address it resolves to is refused."""
         found = await self.addresses(host)
         refusal = self.egress.first_refusal(found)
         if refusal is not None:
-            raise _http.HttpError(f"refused to connect to {host}: {refusal}")
+            raise wire.HttpError(f"refused to connect to {host}: {refusal}")
         return str(found[0])
 
     async def refusal(self, url: str) -> str | None:
@@ -61,7 +61,7 @@ class Resolver:
         try:
             async with asyncio.timeout(RESOLVE_SECONDS):
                 await self.connect_address(host, 0)
-        except _http.HttpError as exc:
+        except wire.HttpError as exc:
             return str(exc)
         except TimeoutError:
             return f"the host {host} could not be resolved in time"
