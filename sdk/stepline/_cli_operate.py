@@ -63,7 +63,8 @@ def callbacks_complete(c: Client, a: argparse.Namespace, out: TextIO, err: TextI
     done = c.complete_callback(a.id, json_arg(a.data, "--data"))
     if a.json:
         return output.as_json(done, out)
-    out.write(f"callback {done['id']} of run {done['runId']}: {done['status']}\n")
+    again = " (already, with this body)" if done.get("deduplicated") else ""
+    out.write(f"callback {done['id']} of run {done['runId']}: {done['status']}{again}\n")
 
 
 def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
@@ -266,7 +267,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--status", choices=["running", "cancelling", *sorted(ENDED)], help="a run status"
     )
-    p.add_argument("--run-key")
+    p.add_argument("--run-key", help="runs with this run key, or a prefix ending with '*'")
     p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
     p = leaf(runs, "show", runs_show, "a run with its steps and errors (with tracebacks)")
     p.add_argument("id")

@@ -95,8 +95,9 @@ async def ok_json(env: Env, *argv: str) -> Any:
 
 
 async def test_runs_start_wait_list_show_events(env: Env) -> None:
-    """`runs start --wait` prints the ended run and its progress; list finds it by run key and
-    status; show prints its steps; events prints the history, as tables and as JSON."""
+    """`runs start --wait` prints the ended run and its progress; list finds it by run key (or
+    its prefix) and status; show prints its steps; events prints the history, as tables and
+    as JSON."""
     code, out, err = await cli(
         env, "runs", "start", "greet", "--input", '{"name": "ada"}', "--run-key", "k-1", "--wait"
     )
@@ -105,6 +106,10 @@ async def test_runs_start_wait_list_show_events(env: Env) -> None:
     assert "waiting for it to end" in err and "completed" in err
     run = (await ok_json(env, "runs", "list", "--run-key", "k-1"))["runs"][0]
     assert run["status"] == "completed" and run["runKey"] == "k-1"
+    prefixed = (await ok_json(env, "runs", "list", "--run-key", "k-*"))["runs"]
+    assert [r["id"] for r in prefixed] == [run["id"]]
+    code, _, err = await cli(env, "runs", "list", "--run-key", "k*1")
+    assert code == 1 and "validation_failed" in err and "runKey" in err
     code, out, _ = await cli(env, "runs", "list", "--status", "completed", "--workflow", "greet")
     assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "WORKFLOW", "STATUS"]
     assert run["id"] in out and "k-1" in out

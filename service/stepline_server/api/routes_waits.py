@@ -47,13 +47,16 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
         row = done.callback
         if row is None:
             raise NotFound(f"no callback with id {cid}")
-        if not done.completed:
+        if not done.completed and not done.repeated:
             raise InvalidState(
                 f"the callback is already {row['status']}; its first body is kept",
                 {"status": row["status"]},
             )
         slot.take(done.taken)
-    return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
+    answer = serialize.callback(row, o.signer.url(o.settings.base_url, str(cid)))
+    if done.repeated:  # the same body again (a retried delivery): already completed with it
+        answer["deduplicated"] = True
+    return json_response(answer)
 
 
 async def complete_callback(request: Request) -> Response:

@@ -89,5 +89,6 @@ ORDER BY w.name
 LIMIT $3;
 
 -- name: get_workflow
-SELECT w.*, a.url AS app_url, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+SELECT w.*, a.url AS app_url, a.slug AS app_slug, a.paused_at AS app_paused_at
+FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND w.name = $2;

@@ -87,6 +87,7 @@ class RunFilter:
     workflow: str | None = None
     status: str | None = None
     run_key: str | None = None
+    run_key_prefix: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
 
@@ -112,6 +113,7 @@ async def search(
             at,
             ident,
             limit,
+            f.run_key_prefix,
         )
     )
 

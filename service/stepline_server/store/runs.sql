@@ -65,6 +65,8 @@ FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
 -- name: search_runs
+-- Runs of project $1 newest first, by workflow $2, status $3, run key $4 exact or $10 as a
+-- prefix, created in [$5, $6), before the keyset cursor ($7, $8); at most $9.
 SELECT r.*, a.slug AS app_slug,
        (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
@@ -72,6 +74,7 @@ WHERE r.project_id = $1
   AND ($2::text IS NULL OR r.workflow = $2)
   AND ($3::run_status IS NULL OR r.status = $3)
   AND ($4::text IS NULL OR r.run_key = $4)
+  AND ($10::text IS NULL OR starts_with(r.run_key, $10))
   AND ($5::timestamptz IS NULL OR r.created_at >= $5)
   AND ($6::timestamptz IS NULL OR r.created_at < $6)
   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))

@@ -24,11 +24,13 @@ async def get_callback(
 @dataclass(frozen=True)
 class Completed:
     """What completing a callback did: the callback (None when it does not exist), whether this
-    call completed it, and the run when the call leased it (see :func:`complete_callback`)."""
+    call completed it, the run when the call leased it (see :func:`complete_callback`), and
+    whether the callback was completed before with this same body (a retried delivery)."""
 
     callback: Record | None
     completed: bool
     taken: leases.Taken | None = None
+    repeated: bool = False
 
 
 async def complete_callback(
@@ -44,11 +46,16 @@ async def complete_callback(
     orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says. With
     ``lease``, the run is leased at once through the lease transition, in the same transaction
     (:func:`stepline_server.store.leases.take_now`: nothing gates it and no invocation holds
-    it), and :attr:`Completed.taken` has it."""
+    it), and :attr:`Completed.taken` has it. A callback completed before with the same body
+    (as JSON: key order and spacing aside) is :attr:`Completed.repeated`, and nothing changes."""
     async with conn.transaction():
         row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
         if row is None:
-            return Completed(await get_callback(conn, callback_id, project_id), False)
+            row = await get_callback(conn, callback_id, project_id)
+            repeated = row is not None and bool(
+                await conn.fetchval(Q["callback_completed_with"], callback_id, body)
+            )
+            return Completed(row, False, repeated=repeated)
         taken = None
         if lease is not None and row["run_woken"]:
             taken = await leases.take_now(conn, row["run_id"], lease)

@@ -26,6 +26,11 @@ WHERE id = $1 AND status IN ('running', 'cancelling');
 -- name: get_callback
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
 
+-- name: callback_completed_with
+-- Whether callback $1 was completed with body $2 (compared as jsonb: key order and spacing
+-- aside, `1` is not `true`): a second delivery of the same body.
+SELECT status = 'completed' AND body IS NOT DISTINCT FROM $2::jsonb FROM callbacks WHERE id = $1;
+
 -- name: complete_callback
 -- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
 -- the history says so, and the run wakes (wake_run's rule: now, or right after its active
