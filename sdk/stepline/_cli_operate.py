@@ -126,7 +126,7 @@ def apps_register(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 
 def apps_sync(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    done = c.sync_app(a.app)
+    done = c.sync_app(a.app, take_over=a.take_over)
     if a.json:
         return output.as_json(done, out)
     app = done["app"]
@@ -134,6 +134,8 @@ def apps_sync(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> Non
     output.table(
         ["WORKFLOW", "OPTIONS"], [(w["name"], w["options"]) for w in done["workflows"]], out
     )
+    for moved in done.get("movedWorkflows", []):
+        out.write(f"moved workflow {moved['name']} here from app {moved['fromApp']}\n")
 
 
 def apps_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -332,6 +334,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
     p.add_argument("app", help="the app's id, slug or name")
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="move here the workflows it hosts that another app registered (refused otherwise)",
+    )
     p = leaf(apps, "delete", apps_delete, "remove an app (asks first on a terminal)")
     p.add_argument("app", help="the app's id, slug or name")
     p.add_argument("--yes", action="store_true", help="do not ask")

@@ -234,9 +234,11 @@ class _Api(Generic[_D, _N, _I]):
         """Remove an app."""
         return self._none(_Request("DELETE", _path("apps", id_or_slug)))
 
-    def sync_app(self, id_or_slug: str) -> _D:
-        """Have the orchestrator ask the app which workflows it hosts, and register them."""
-        return self._json(_Request("POST", _path("apps", id_or_slug, "sync")))
+    def sync_app(self, id_or_slug: str, *, take_over: bool = False) -> _D:
+        """Have the orchestrator ask the app which workflows it hosts, and register them;
+        ``take_over``: move to it those another app registered (refused, 409, otherwise)."""
+        params = _params(takeOver="true" if take_over else None)
+        return self._json(_Request("POST", _path("apps", id_or_slug, "sync"), params))
 
     def list_workflows(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""

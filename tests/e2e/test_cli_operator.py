@@ -18,6 +18,7 @@ import pytest
 import stepline
 from stepline_server.cli import main as cli_main
 from stepline_server.cli import operate
+from stepline_server.store import apps, keys
 from tests.support import Stack, app_server, orchestrator_stack
 
 YEARLY = "0 0 1 1 *"
@@ -213,6 +214,28 @@ async def test_apps_list_register_sync(env: Env) -> None:
     assert code == 0 and "greet" in out
     code, _, err = await cli(env, "apps", "sync", "later")
     assert code == 1 and "app_unreachable" in err
+
+
+async def test_apps_sync_moves_another_apps_workflow_only_with_take_over(env: Env) -> None:
+    """`apps sync` of an app hosting a workflow another app registered exits 1 naming that
+    app; `--take-over` moves the workflow and says from where."""
+    other = stepline.Stepline("whsec_cli_test")
+
+    @other.workflow("greet")
+    async def greet(ctx: stepline.Context, input: Any) -> str:
+        return "from other"
+
+    async with app_server(other) as url:
+        async with env.stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, "other", url, "whsec_cli_test")
+        assert row is not None
+        code, _, err = await cli(env, "apps", "sync", "other")
+        assert code == 1 and "invalid_state" in err and f"app 'app' ({env.slug})" in err, err
+        code, out, err = await cli(env, "apps", "sync", "other", "--take-over")
+        assert code == 0, err
+        assert f"moved workflow greet here from app {env.slug}" in out
+        run = await env.stack.client.start_run("greet", {"name": "x"})
+        assert (await env.stack.client.wait_run(run["id"], timeout=20))["output"] == "from other"
 
 
 async def test_apps_register_a_pull_app(env: Env) -> None:
