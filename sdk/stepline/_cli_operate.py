@@ -68,7 +68,7 @@ def callbacks_complete(c: Client, a: argparse.Namespace, out: TextIO, err: TextI
 
 
 def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    sent = c.send_event(a.name, json_arg(a.data, "--data"))
+    sent = c.send_event(a.name, json_arg(a.data, "--data"), id=a.id)
     if a.json:
         return output.as_json(sent, out)
     started = sent.get("startedRuns") or []
@@ -84,6 +84,21 @@ def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> N
 
 
 # apps
+
+
+def events_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_events(
+        name=a.name, created_after=a.created_after, created_before=a.created_before, limit=a.limit
+    )
+    if a.json:
+        return output.as_json(page, out)
+    rows = [
+        (e["id"], e["name"], output.when(e["createdAt"]), e["matchedRuns"], len(e["startedRuns"]))
+        for e in page["events"]
+    ]
+    output.table(["ID", "NAME", "RECEIVED", "RESUMED", "STARTED"], rows, out)
+    if page.get("nextCursor"):
+        out.write(f"(more: raise --limit, at most 500; showing {len(rows)})\n")
 
 
 def apps_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
@@ -314,10 +329,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("id")
     p.add_argument("--data", help="the body the run receives, as JSON")
 
-    events = group("events", "send events")
+    events = group("events", "send and list events")
     p = leaf(events, "send", events_send, "send an event to the runs waiting for it")
     p.add_argument("name")
     p.add_argument("--data", help="the event's data, as JSON")
+    p.add_argument("--id", help="the event's id: a second send of it within a day does nothing")
+    p = leaf(events, "list", events_list, "the events received (kept a day), newest first")
+    p.add_argument("--name", help="only events of this name")
+    p.add_argument("--created-after", help="events received at or after this RFC 3339 time")
+    p.add_argument("--created-before", help="events received before this RFC 3339 time")
+    p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
 
     apps = group("apps", "apps: list, register, sync, delete, pause, resume")
     p = leaf(apps, "list", apps_list, "registered apps")

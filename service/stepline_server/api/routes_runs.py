@@ -161,21 +161,6 @@ async def get_run(request: Request) -> Response:
                 await asyncio.wait_for(ended.wait(), min(left, RECHECK_SECONDS))
 
 
-def _time(request: Request, name: str) -> datetime | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationFailed(
-            f"{name} must be an RFC 3339 time", {"fields": {name: raw}}
-        ) from None
-    if value.tzinfo is None:
-        raise ValidationFailed(f"{name} needs a time zone (e.g. Z)", {"fields": {name: raw}})
-    return value
-
-
 async def list_runs(request: Request) -> Response:
     pid = await project(request)
     q = request.query_params
@@ -191,22 +176,15 @@ async def list_runs(request: Request) -> Response:
         status=status,
         run_key=exact,
         run_key_prefix=prefix,
-        created_after=_time(request, "createdAfter"),
-        created_before=_time(request, "createdBefore"),
+        created_after=pagination.time_of(request, "createdAfter"),
+        created_before=pagination.time_of(request, "createdBefore"),
     )
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
-    before = (cursor[0], cursor[1]) if cursor else None
+    before = pagination.keyset_before(request)
     async with orch(request).pool.acquire() as conn:
-        rows = await runs.search(conn, pid, f, before, limit + 1)
-        more = len(rows) > limit
-        rows = rows[:limit]
+        found = await runs.search(conn, pid, f, before, limit + 1)
+        rows, nxt = pagination.keyset_page(found, limit, "created_at")
         items = [await reads.run_json(conn, r, with_steps=False) for r in rows]
-    nxt = (
-        pagination.encode([rows[-1]["created_at"].isoformat(), str(rows[-1]["id"])])
-        if more
-        else None
-    )
     return json_response({"runs": items, "nextCursor": nxt})
 
 

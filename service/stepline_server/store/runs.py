@@ -25,6 +25,7 @@ class NewRun:
     scheduled_at: datetime | None = None
     trigger: str = "api"
     event_id: uuid.UUID | None = None
+    event_key: str | None = None  # the id the event's sender gave
     priority: int = 0
 
 
@@ -50,6 +51,7 @@ async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | No
         notify,
         run.event_id,
         run.priority,
+        run.event_key,
     )
 
 
