@@ -80,7 +80,8 @@ def _order_app(answer: str) -> stepline.Stepline:
 async def test_a_sync_takes_another_apps_workflow_only_when_asked(database_url: str) -> None:
     """Syncing an app that hosts a workflow another app registered is ``409`` naming that app,
     and changes nothing (its own new workflows included); with ``takeOver=true`` it moves the
-    workflow and its answer lists what moved; a pull app's worker is refused the same way."""
+    workflow and its answer lists what moved; a pull app's worker is refused the same way,
+    unless it was started to take over."""
     cold, warm = _order_app("cold"), _order_app("warm")
     async with (
         orchestrator_stack(database_url) as stack,
@@ -134,3 +135,9 @@ async def test_a_sync_takes_another_apps_workflow_only_when_asked(database_url: 
         finally:
             await w.aclose()
         assert (await stack.client.get_app(pulled))["syncedAt"] is None
+        w = Worker(_order_app("pull"), stack.url, stack.api_key, pulled, take_over=True)
+        try:
+            synced = await w.sync()
+        finally:
+            await w.aclose()
+        assert synced["movedWorkflows"] == [{"name": "lam-order", "fromApp": warm_slug}]
