@@ -63,11 +63,12 @@ def callbacks_complete(c: Client, a: argparse.Namespace, out: TextIO, err: TextI
     done = c.complete_callback(a.id, json_arg(a.data, "--data"))
     if a.json:
         return output.as_json(done, out)
-    out.write(f"callback {done['id']} of run {done['runId']}: {done['status']}\n")
+    again = " (already, with this body)" if done.get("deduplicated") else ""
+    out.write(f"callback {done['id']} of run {done['runId']}: {done['status']}{again}\n")
 
 
 def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    sent = c.send_event(a.name, json_arg(a.data, "--data"))
+    sent = c.send_event(a.name, json_arg(a.data, "--data"), id=a.id)
     if a.json:
         return output.as_json(sent, out)
     started = sent.get("startedRuns") or []
@@ -83,6 +84,21 @@ def events_send(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> N
 
 
 # apps
+
+
+def events_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    page = c.list_events(
+        name=a.name, created_after=a.created_after, created_before=a.created_before, limit=a.limit
+    )
+    if a.json:
+        return output.as_json(page, out)
+    rows = [
+        (e["id"], e["name"], output.when(e["createdAt"]), e["matchedRuns"], len(e["startedRuns"]))
+        for e in page["events"]
+    ]
+    output.table(["ID", "NAME", "RECEIVED", "RESUMED", "STARTED"], rows, out)
+    if page.get("nextCursor"):
+        out.write(f"(more: raise --limit, at most 500; showing {len(rows)})\n")
 
 
 def apps_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
@@ -125,7 +141,7 @@ def apps_register(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 
 def apps_sync(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    done = c.sync_app(a.app)
+    done = c.sync_app(a.app, take_over=a.take_over)
     if a.json:
         return output.as_json(done, out)
     app = done["app"]
@@ -133,6 +149,8 @@ def apps_sync(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> Non
     output.table(
         ["WORKFLOW", "OPTIONS"], [(w["name"], w["options"]) for w in done["workflows"]], out
     )
+    for moved in done.get("movedWorkflows", []):
+        out.write(f"moved workflow {moved['name']} here from app {moved['fromApp']}\n")
 
 
 def apps_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -266,7 +284,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--status", choices=["running", "cancelling", *sorted(ENDED)], help="a run status"
     )
-    p.add_argument("--run-key")
+    p.add_argument("--run-key", help="runs with this run key, or a prefix ending with '*'")
     p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
     p = leaf(runs, "show", runs_show, "a run with its steps and errors (with tracebacks)")
     p.add_argument("id")
@@ -311,10 +329,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("id")
     p.add_argument("--data", help="the body the run receives, as JSON")
 
-    events = group("events", "send events")
+    events = group("events", "send and list events")
     p = leaf(events, "send", events_send, "send an event to the runs waiting for it")
     p.add_argument("name")
     p.add_argument("--data", help="the event's data, as JSON")
+    p.add_argument("--id", help="the event's id: a second send of it within a day does nothing")
+    p = leaf(events, "list", events_list, "the events received (kept a day), newest first")
+    p.add_argument("--name", help="only events of this name")
+    p.add_argument("--created-after", help="events received at or after this RFC 3339 time")
+    p.add_argument("--created-before", help="events received before this RFC 3339 time")
+    p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
 
     apps = group("apps", "apps: list, register, sync, delete, pause, resume")
     p = leaf(apps, "list", apps_list, "registered apps")
@@ -331,6 +355,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p = leaf(apps, "sync", apps_sync, "ask the app which workflows it hosts and register them")
     p.add_argument("app", help="the app's id, slug or name")
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="move here the workflows it hosts that another app registered (refused otherwise)",
+    )
     p = leaf(apps, "delete", apps_delete, "remove an app (asks first on a terminal)")
     p.add_argument("app", help="the app's id, slug or name")
     p.add_argument("--yes", action="store_true", help="do not ask")

@@ -143,9 +143,19 @@ class RunFilters(TypedDict, total=False):
     limit: int | None
 
 
-def _runs_request(filters: RunFilters, cursor: str | None) -> _Request:
+def _filtered(resource: str, filters: Mapping[str, Any], cursor: str | None) -> _Request:
+    """A page of ``resource`` (``runs``, ``events``) that matches ``filters``."""
     params = _params(cursor=cursor, **{_camel(k): v for k, v in filters.items()})
-    return _Request("GET", _path("runs"), params)
+    return _Request("GET", _path(resource), params)
+
+
+class EventFilters(TypedDict, total=False):
+    """The filters of ``list_events`` and ``iter_events``; naive datetimes are taken as UTC."""
+
+    name: str | None
+    created_after: datetime | str | None
+    created_before: datetime | str | None
+    limit: int | None
 
 
 class _Waiter:
@@ -234,9 +244,11 @@ class _Api(Generic[_D, _N, _I]):
         """Remove an app."""
         return self._none(_Request("DELETE", _path("apps", id_or_slug)))
 
-    def sync_app(self, id_or_slug: str) -> _D:
-        """Have the orchestrator ask the app which workflows it hosts, and register them."""
-        return self._json(_Request("POST", _path("apps", id_or_slug, "sync")))
+    def sync_app(self, id_or_slug: str, *, take_over: bool = False) -> _D:
+        """Have the orchestrator ask the app which workflows it hosts, and register them;
+        ``take_over``: move to it those another app registered (refused, 409, otherwise)."""
+        params = _params(takeOver="true" if take_over else None)
+        return self._json(_Request("POST", _path("apps", id_or_slug, "sync"), params))
 
     def list_workflows(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""
@@ -287,11 +299,11 @@ class _Api(Generic[_D, _N, _I]):
 
     def list_runs(self, *, cursor: str | None = None, **filters: Unpack[RunFilters]) -> _D:
         """One page of runs, newest first: ``{"runs": [...], "nextCursor": ...}``."""
-        return self._json(_runs_request(filters, cursor))
+        return self._json(_filtered("runs", filters, cursor))
 
     def iter_runs(self, **filters: Unpack[RunFilters]) -> _I:
         """Every run matching the filters, following ``nextCursor`` page after page."""
-        return self._iterate(_runs_request(filters, None), "runs")
+        return self._iterate(_filtered("runs", filters, None), "runs")
 
     def cancel_run(self, run_id: str) -> _D:
         """Request cancellation; the run goes ``cancelling``, then ``cancelled``."""
@@ -369,6 +381,15 @@ class _Api(Generic[_D, _N, _I]):
         second send of that id within a day does nothing again and answers the first."""
         body = {"name": name, "data": data, **_compact(id=id)}
         return self._json(_Request("POST", _path("events"), body=body))
+
+    def list_events(self, *, cursor: str | None = None, **filters: Unpack[EventFilters]) -> _D:
+        """One page of the events received (kept a day), newest first:
+        ``{"events": [...], "nextCursor": ...}``."""
+        return self._json(_filtered("events", filters, cursor))
+
+    def iter_events(self, **filters: Unpack[EventFilters]) -> _I:
+        """Every event received that matches the filters, following ``nextCursor``."""
+        return self._iterate(_filtered("events", filters, None), "events")
 
     # schedules
 

@@ -35,7 +35,9 @@ class Worker:
     """Runs the invocations of pull app ``app`` with ``stepline``'s workflows, at most
     ``concurrency`` at once. ``url`` and ``api_key``: the orchestrator and a key of the app's
     environment (``write`` or ``admin``); ``wait``: how long each poll waits (seconds);
-    ``drain``: how long :meth:`stop` lets the invocations running finish (seconds)."""
+    ``drain``: how long :meth:`stop` lets the invocations running finish (seconds);
+    ``take_over``: its sync moves to the app the workflows another app registered (it is
+    refused otherwise)."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class Worker:
         wait: float = 30.0,
         drain: float = 30.0,
         name: str | None = None,
+        take_over: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -59,6 +62,7 @@ class Worker:
         self._key = api_key
         self._http = httpx.AsyncClient(base_url=self.url, timeout=30.0)
         self.drain = drain
+        self.take_over = take_over
         self._active: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self.invoked = 0  # invocations this worker has run
@@ -70,7 +74,10 @@ class Worker:
         describe answers it); the orchestrator's answer."""
         body = _json.dumps(protocol.dump(self.stepline.describe()))
         answer = await self._http.post(
-            f"/v1/apps/{self.app}/sync", content=body, headers=self._headers(self._key)
+            f"/v1/apps/{self.app}/sync",
+            content=body,
+            headers=self._headers(self._key),
+            params={"takeOver": "true"} if self.take_over else None,
         )
         if answer.status_code != 200:
             raise WorkerError(f"the sync was refused (HTTP {answer.status_code}): {answer.text}")

@@ -50,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="on SIGINT or SIGTERM, seconds the invocations running may take to finish (30)",
     )
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="move to this app the workflows it hosts that another app registered (its sync"
+        " is refused otherwise)",
+    )
 
 
 def load(target: str) -> Stepline:
@@ -102,7 +108,14 @@ def run(a: argparse.Namespace) -> int:
     configure_logging()
     sl = load(a.target)
     worker = Worker(
-        sl, a.url, a.api_key, a.app, concurrency=a.concurrency, wait=a.wait, drain=a.drain
+        sl,
+        a.url,
+        a.api_key,
+        a.app,
+        concurrency=a.concurrency,
+        wait=a.wait,
+        drain=a.drain,
+        take_over=a.take_over,
     )
     print(f"stepline worker: app {a.app}, polling {a.url}", file=sys.stderr, flush=True)
     try:

@@ -41,9 +41,9 @@ async def send_event(
     name: str,
     data: Any,
     key: str | None = None,
-) -> tuple[uuid.UUID, waits.Sent]:
+) -> tuple[str, waits.Sent]:
     """Send an event (see :func:`stepline_server.store.waits.send_event`), counting the runs
-    it started."""
+    it started; answers the event's id (its sender's, else its own) and what it did."""
     event_id, sent = await waits.send_event(
         conn, project_id, name, data, key, notify=o.dispatcher.tell_others()
     )

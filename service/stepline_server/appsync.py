@@ -23,24 +23,30 @@ class SyncFailed(Exception):
 
 @dataclass(frozen=True)
 class Synced:
-    """The app after its sync, and each workflow it hosts with its options."""
+    """The app after its sync, each workflow it hosts with its options, and those it took from
+    other apps (each with its ``name`` and the ``app_slug`` it was taken from)."""
 
     app: Record
     workflows: list[tuple[str, dict[str, Any]]]
+    moved: list[Record]
 
 
-async def sync(o: Orchestrator, row: Record) -> Synced:
-    """Ask the app at ``row``'s URL (signed) which workflows it hosts and register them.
+async def sync(o: Orchestrator, row: Record, *, take_over: bool = False) -> Synced:
+    """Ask the app at ``row``'s URL (signed) which workflows it hosts and register them
+    (taking those other apps registered only with ``take_over``).
 
-    Raises :class:`SyncFailed` when it cannot be reached or describes an invalid workflow, and
+    Raises :class:`SyncFailed` when it cannot be reached or describes an invalid workflow,
+    :class:`~stepline_server.store.apps.WorkflowsTaken` when another app has one of them, and
     pydantic's ValidationError when a schedule it declares does not parse."""
     result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
     if not result.ok or not isinstance(result.response, DescribeResponse):
         raise SyncFailed(f"could not sync the app at {row['url']}: {result.reason}")
-    return await register(o, row, result.response)
+    return await register(o, row, result.response, take_over=take_over)
 
 
-async def register(o: Orchestrator, row: Record, described: DescribeResponse) -> Synced:
+async def register(
+    o: Orchestrator, row: Record, described: DescribeResponse, *, take_over: bool = False
+) -> Synced:
     """Register the workflows ``described`` (a push app's describe answer, or what a pull
     app's worker sent) as ``row``'s; the same errors as :func:`sync`."""
     workflows = []
@@ -55,13 +61,14 @@ async def register(o: Orchestrator, row: Record, described: DescribeResponse) ->
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
         workflows.append((wf.name, options))
     async with o.pool.acquire() as conn, conn.transaction():
-        synced = await apps.record_sync(
+        recorded = await apps.record_sync(
             conn,
             row,
             workflows,
             described.deployment_id,
             protocol_version=described.protocol_version or OLDEST_PROTOCOL_VERSION,
             sdk_version=described.sdk_version,
+            take_over=take_over,
         )
-        await o.after_sync(conn, synced, described)
-    return Synced(synced, workflows)
+        await o.after_sync(conn, recorded.app, described)
+    return Synced(recorded.app, workflows, recorded.moved)

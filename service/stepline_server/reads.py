@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
@@ -52,16 +53,43 @@ async def run_json(
     data = serialize.run(row, slug, steps, callback_url)
     if with_steps:
         counted = await runs.counters(conn, row["id"])
-        data["invocations"] = counted["invocations"]
-        data["deliveryFailures"] = counted["delivery_failures"]
-        data["stepsCompleted"] = counted["steps_completed"]
-        data["paused"] = await pause.run_paused(conn, row["id"])
-        size = history.size_of(steps or [])
-        data["history"] = {"steps": size.steps, "bytes": size.bytes}
-        if limits is not None:
-            data["history"] |= {
-                "maxSteps": limits.steps,
-                "maxBytes": limits.bytes,
-                "warning": history.check(size, limits).warning,
-            }
+        paused = await pause.run_paused(conn, row["id"])
+        _add_counts(data, counted, paused, steps or [], limits)
     return data
+
+
+_NOTHING_YET = {"invocations": 0, "delivery_failures": 0, "steps_completed": 0}
+
+
+def new_run_json(
+    row: Record, *, paused: bool, limits: history.Limits | None = None
+) -> dict[str, Any]:
+    """A run just created (``row`` as its insert answered it, with its app's slug), in the
+    shape :func:`run_json` gives a run read with its steps, without reading anything: it has
+    no steps, invocations or deployment yet; ``paused``: its workflow or app is."""
+    data = serialize.run({**row, "deployment_id": None}, row["app_slug"], [])
+    _add_counts(data, _NOTHING_YET, paused, [], limits)
+    return data
+
+
+def _add_counts(
+    data: dict[str, Any],
+    counted: Mapping[str, Any],
+    paused: bool,
+    steps: list[Record],
+    limits: history.Limits | None,
+) -> None:
+    """What a run read alone shows beside its fields: its counters, whether a pause holds it,
+    and the size of its history (with a warning near ``limits``, when given)."""
+    data["invocations"] = counted["invocations"]
+    data["deliveryFailures"] = counted["delivery_failures"]
+    data["stepsCompleted"] = counted["steps_completed"]
+    data["paused"] = paused
+    size = history.size_of(steps)
+    data["history"] = {"steps": size.steps, "bytes": size.bytes}
+    if limits is not None:
+        data["history"] |= {
+            "maxSteps": limits.steps,
+            "maxBytes": limits.bytes,
+            "warning": history.check(size, limits).warning,
+        }

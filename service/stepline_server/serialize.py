@@ -110,7 +110,7 @@ def run(
         "slaMs": sla_ms,
         "slaBreached": timed.sla_breached,
         "trigger": row["trigger"],
-        "eventId": str(row["event_id"]) if row.get("event_id") else None,
+        "eventId": row.get("event_key") or (str(row["event_id"]) if row.get("event_id") else None),
         "version": row.get("definition_version"),
         "generation": row.get("generation") or 1,
         "priority": row.get("priority", 0),
@@ -191,6 +191,20 @@ def event(row: Record) -> dict[str, Any]:
     if row["invocation_id"] is not None:
         data["invocationId"] = str(row["invocation_id"])
     return data
+
+
+def received_event(row: Record) -> dict[str, Any]:
+    """An event received, as its send answered it (its sender's id, else its own), with its
+    name, data and time."""
+    answer = row["answer"] or {}
+    return {
+        "id": row["key"] if row["key"] is not None else str(row["id"]),
+        "name": row["name"],
+        "data": row["data"],
+        "createdAt": ts(row["received_at"]),
+        "matchedRuns": len(answer.get("matched", [])),
+        "startedRuns": answer.get("started", []),
+    }
 
 
 def log_line(row: Record) -> dict[str, Any]:

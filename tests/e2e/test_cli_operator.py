@@ -18,6 +18,7 @@ import pytest
 import stepline
 from stepline_server.cli import main as cli_main
 from stepline_server.cli import operate
+from stepline_server.store import apps, keys
 from tests.support import Stack, app_server, orchestrator_stack
 
 YEARLY = "0 0 1 1 *"
@@ -95,8 +96,9 @@ async def ok_json(env: Env, *argv: str) -> Any:
 
 
 async def test_runs_start_wait_list_show_events(env: Env) -> None:
-    """`runs start --wait` prints the ended run and its progress; list finds it by run key and
-    status; show prints its steps; events prints the history, as tables and as JSON."""
+    """`runs start --wait` prints the ended run and its progress; list finds it by run key (or
+    its prefix) and status; show prints its steps; events prints the history, as tables and
+    as JSON."""
     code, out, err = await cli(
         env, "runs", "start", "greet", "--input", '{"name": "ada"}', "--run-key", "k-1", "--wait"
     )
@@ -105,6 +107,10 @@ async def test_runs_start_wait_list_show_events(env: Env) -> None:
     assert "waiting for it to end" in err and "completed" in err
     run = (await ok_json(env, "runs", "list", "--run-key", "k-1"))["runs"][0]
     assert run["status"] == "completed" and run["runKey"] == "k-1"
+    prefixed = (await ok_json(env, "runs", "list", "--run-key", "k-*"))["runs"]
+    assert [r["id"] for r in prefixed] == [run["id"]]
+    code, _, err = await cli(env, "runs", "list", "--run-key", "k*1")
+    assert code == 1 and "validation_failed" in err and "runKey" in err
     code, out, _ = await cli(env, "runs", "list", "--status", "completed", "--workflow", "greet")
     assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "WORKFLOW", "STATUS"]
     assert run["id"] in out and "k-1" in out
@@ -208,6 +214,28 @@ async def test_apps_list_register_sync(env: Env) -> None:
     assert code == 0 and "greet" in out
     code, _, err = await cli(env, "apps", "sync", "later")
     assert code == 1 and "app_unreachable" in err
+
+
+async def test_apps_sync_moves_another_apps_workflow_only_with_take_over(env: Env) -> None:
+    """`apps sync` of an app hosting a workflow another app registered exits 1 naming that
+    app; `--take-over` moves the workflow and says from where."""
+    other = stepline.Stepline("whsec_cli_test")
+
+    @other.workflow("greet")
+    async def greet(ctx: stepline.Context, input: Any) -> str:
+        return "from other"
+
+    async with app_server(other) as url:
+        async with env.stack.orchestrator.pool.acquire() as conn:
+            row = await apps.create(conn, keys.DEFAULT_PROJECT, "other", url, "whsec_cli_test")
+        assert row is not None
+        code, _, err = await cli(env, "apps", "sync", "other")
+        assert code == 1 and "invalid_state" in err and f"app 'app' ({env.slug})" in err, err
+        code, out, err = await cli(env, "apps", "sync", "other", "--take-over")
+        assert code == 0, err
+        assert f"moved workflow greet here from app {env.slug}" in out
+        run = await env.stack.client.start_run("greet", {"name": "x"})
+        assert (await env.stack.client.wait_run(run["id"], timeout=20))["output"] == "from other"
 
 
 async def test_apps_register_a_pull_app(env: Env) -> None:

@@ -84,6 +84,7 @@ ROUTES: list[BaseRoute] = [
         "/v1/callbacks/{callbackId}/{signature}", waits.complete_signed_callback, methods=["POST"]
     ),
     Route("/v1/events", waits.send_event, methods=["POST"]),
+    Route("/v1/events", waits.list_events, methods=["GET"]),
     Route("/v1/schedules", schedules.create_schedule, methods=["POST"]),
     Route("/v1/schedules", schedules.list_schedules, methods=["GET"]),
     Route("/v1/schedules/{scheduleId}", schedules.get_schedule, methods=["GET"]),

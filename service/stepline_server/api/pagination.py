@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,22 @@ def limit_of(request: Request) -> int:
             f"limit must be a whole number from 1 to {MAX_LIMIT}", {"fields": {"limit": raw}}
         )
     return int(raw)
+
+
+def time_of(request: Request, name: str) -> datetime | None:
+    """The query parameter ``name`` as a time filter (RFC 3339, with a time zone), if given."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationFailed(
+            f"{name} must be an RFC 3339 time", {"fields": {name: raw}}
+        ) from None
+    if value.tzinfo is None:
+        raise ValidationFailed(f"{name} needs a time zone (e.g. Z)", {"fields": {name: raw}})
+    return value
 
 
 def as_text(value: Any) -> str:
@@ -75,6 +91,23 @@ def _scalar(value: Any) -> Any:
     return (
         as_seq(value) if isinstance(value, int) and not isinstance(value, bool) else as_text(value)
     )
+
+
+def keyset_before(request: Request) -> tuple[datetime, uuid.UUID] | None:
+    """The ``cursor`` of a newest-first list: the (time, id) the previous page ended on."""
+    cursor = decode(request, as_time, as_uuid)
+    return (cursor[0], cursor[1]) if cursor else None
+
+
+def keyset_page(
+    rows: list[Mapping[str, Any]], limit: int, time_column: str
+) -> tuple[list[Mapping[str, Any]], str | None]:
+    """A page of ``limit`` of ``rows`` (read one more, to know whether another page follows)
+    and the cursor of the next page: the last row's ``time_column`` and id."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, encode([rows[-1][time_column].isoformat(), str(rows[-1]["id"])])
 
 
 def encode(values: list[Any]) -> str:

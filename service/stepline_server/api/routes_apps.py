@@ -137,24 +137,28 @@ async def rotate_secret(request: Request) -> Response:
     return json_response(serialize.app(rotated, secret=True))
 
 
+def _take_over(request: Request) -> bool:
+    """``?takeOver=true``: the sync may move workflows other apps registered to this one."""
+    raw = request.query_params.get("takeOver", "false")
+    if raw not in ("true", "false"):
+        message = "takeOver must be true or false"
+        raise ValidationFailed(message, {"fields": {"takeOver": message}})
+    return raw == "true"
+
+
 async def sync_app(request: Request) -> Response:
     row = await _app(request)
-    if row["kind"] == "pull":
-        done = await _sync_pulled(request, row)
-    else:
-        await refuse_body(request)
-        try:
-            egress.app_url(row["url"])
-        except ValueError as exc:  # registered before URLs were checked
-            raise AppUnreachable(
-                f"the app's URL cannot be called ({exc}); change it first"
-            ) from None
-        try:
-            done = await appsync.sync(orch(request), row)
-        except appsync.SyncFailed as exc:
-            raise AppUnreachable(str(exc)) from None
-        except ValidationError as exc:
-            raise from_validation(exc) from None
+    take_over = _take_over(request)
+    try:
+        if row["kind"] == "pull":
+            done = await _sync_pulled(request, row, take_over)
+        else:
+            done = await _sync_pushed(request, row, take_over)
+    except apps.WorkflowsTaken as exc:
+        held = [
+            {"name": r["name"], "app": r["app_slug"], "appName": r["app_name"]} for r in exc.held
+        ]
+        raise InvalidState(str(exc), {"workflows": held}) from None
     synced, workflows = done.app, done.workflows
     return json_response(
         {
@@ -168,11 +172,27 @@ async def sync_app(request: Request) -> Response:
                 }
                 for n, opts in workflows
             ],
+            "movedWorkflows": [{"name": r["name"], "fromApp": r["app_slug"]} for r in done.moved],
         }
     )
 
 
-async def _sync_pulled(request: Request, row: Record) -> appsync.Synced:
+async def _sync_pushed(request: Request, row: Record, take_over: bool) -> appsync.Synced:
+    """A push app's sync: the orchestrator asks the app what it hosts."""
+    await refuse_body(request)
+    try:
+        egress.app_url(row["url"])
+    except ValueError as exc:  # registered before URLs were checked
+        raise AppUnreachable(f"the app's URL cannot be called ({exc}); change it first") from None
+    try:
+        return await appsync.sync(orch(request), row, take_over=take_over)
+    except appsync.SyncFailed as exc:
+        raise AppUnreachable(str(exc)) from None
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+async def _sync_pulled(request: Request, row: Record, take_over: bool) -> appsync.Synced:
     """A pull app's sync: its worker sends the description the SDK's describe answers."""
     data = await read_json(request, allow_empty=True)
     if data is None:
@@ -184,7 +204,7 @@ async def _sync_pulled(request: Request, row: Record) -> appsync.Synced:
         raise ValidationFailed("the request body must be a JSON object")
     try:
         described = DescribeResponse.model_validate(data)
-        return await appsync.register(orch(request), row, described)
+        return await appsync.register(orch(request), row, described, take_over=take_over)
     except appsync.SyncFailed as exc:
         raise ValidationFailed(str(exc), {"fields": {"workflows": str(exc)}}) from None
     except ValidationError as exc:

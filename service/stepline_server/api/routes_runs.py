@@ -25,7 +25,7 @@ from stepline_server.api.errors import (
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model, refuse_body
-from stepline_server.engine import ids, inputs
+from stepline_server.engine import bulk, ids, inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, leases, runs, waits
 from stepline_server.store.db import Conn, Record
@@ -72,16 +72,22 @@ async def start_run(request: Request) -> Response:
                     + ", ".join(problems),
                     {"fields": problems},
                 )
-            row, deduplicated = await _create(conn, wf, body, new, notify=notify)
-            if row["id"] != new.id:  # the run its key or singleton key names
-                answer = await reads.run_json(conn, row, callback_url=reads.callback_url(o))
-                if deduplicated:
-                    answer["deduplicated"] = True
-                return json_response(answer, 200)
+            row = await _create(conn, wf, body, new, notify=notify)
+            if row["id"] != new.id:  # the run its key or singleton key names, read as GET does
+                found = await runs.get(conn, pid, row["id"])
+                if found is None:  # deleted in between (its app, or retention)
+                    raise ApiError("the run could not be created; try again")
+                answer = await reads.run_json(
+                    conn, found, callback_url=reads.callback_url(o), limits=reads.history_limits(o)
+                )
+                return json_response(answer | {"deduplicated": True}, 200)
             taken = await leases.take_now(conn, row["id"], slot.lease) if slot.lease else None
         slot.take(taken)
     o.metrics.run_started(body.workflow, "api")
-    return json_response(serialize.run(row, row["app_slug"], []), 201)
+    paused = wf["paused_at"] is not None or wf["app_paused_at"] is not None
+    return json_response(
+        reads.new_run_json(row, paused=paused, limits=reads.history_limits(o)), 201
+    )
 
 
 async def _create(
@@ -91,14 +97,13 @@ async def _create(
     new: runs.NewRun,
     *,
     notify: bool,
-) -> tuple[Record, bool]:
+) -> Record:
     """The run created, or the existing run its key names when that has the same workflow and
-    input, or (True) the active run of its singleton key; 409 when the key names another
-    run."""
+    input, or the active run of its singleton key; 409 when the key names another run."""
     for _ in range(3):
         row = await runs.insert(conn, new, notify=notify)
         if row is not None:
-            return row, False
+            return row
         if body.run_key is not None:
             existing = await runs.by_key(conn, new.project_id, body.run_key)
             if existing is not None:
@@ -106,7 +111,7 @@ async def _create(
                 first = existing["first_input"]
                 started_with = existing["input"] if first is None else first
                 if existing["workflow"] == body.workflow and started_with == body.input:
-                    return existing, False
+                    return existing
                 raise RunKeyConflict(
                     f"run key {body.run_key!r} belongs to run {existing['id']} with a different"
                     " workflow or input",
@@ -118,7 +123,7 @@ async def _create(
                 conn, new.project_id, body.workflow, body.input, field
             )
             if active is not None:
-                return active, True
+                return active
         # What stood in the way ended or went away in between: try again.
     raise ApiError("the run could not be created; try again")
 
@@ -156,47 +161,30 @@ async def get_run(request: Request) -> Response:
                 await asyncio.wait_for(ended.wait(), min(left, RECHECK_SECONDS))
 
 
-def _time(request: Request, name: str) -> datetime | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationFailed(
-            f"{name} must be an RFC 3339 time", {"fields": {name: raw}}
-        ) from None
-    if value.tzinfo is None:
-        raise ValidationFailed(f"{name} needs a time zone (e.g. Z)", {"fields": {name: raw}})
-    return value
-
-
 async def list_runs(request: Request) -> Response:
     pid = await project(request)
     q = request.query_params
     status = q.get("status")
     if status is not None and status not in {s.value for s in rules.RunStatus}:
         raise ValidationFailed(f"unknown status {status!r}", {"fields": {"status": status}})
+    try:
+        exact, prefix = bulk.run_key_of(q.get("runKey"))
+    except bulk.FilterError as exc:
+        raise ValidationFailed(str(exc), {"fields": {exc.field: str(exc)}}) from None
     f = runs.RunFilter(
         workflow=q.get("workflow"),
         status=status,
-        run_key=q.get("runKey"),
-        created_after=_time(request, "createdAfter"),
-        created_before=_time(request, "createdBefore"),
+        run_key=exact,
+        run_key_prefix=prefix,
+        created_after=pagination.time_of(request, "createdAfter"),
+        created_before=pagination.time_of(request, "createdBefore"),
     )
     limit = pagination.limit_of(request)
-    cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
-    before = (cursor[0], cursor[1]) if cursor else None
+    before = pagination.keyset_before(request)
     async with orch(request).pool.acquire() as conn:
-        rows = await runs.search(conn, pid, f, before, limit + 1)
-        more = len(rows) > limit
-        rows = rows[:limit]
+        found = await runs.search(conn, pid, f, before, limit + 1)
+        rows, nxt = pagination.keyset_page(found, limit, "created_at")
         items = [await reads.run_json(conn, r, with_steps=False) for r in rows]
-    nxt = (
-        pagination.encode([rows[-1]["created_at"].isoformat(), str(rows[-1]["id"])])
-        if more
-        else None
-    )
     return json_response({"runs": items, "nextCursor": nxt})
 
 

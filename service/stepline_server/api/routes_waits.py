@@ -1,4 +1,5 @@
-"""Routes that move waiting runs: callbacks (by key or signed URL) and events."""
+"""Routes that move waiting runs: callbacks (by key or signed URL) and events, and the list
+of events received."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline_server import actions, serialize
+from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model
-from stepline_server.store import waits
+from stepline_server.store import received_events, waits
 
 
 class EventSend(BaseModel):
@@ -47,13 +49,16 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
         row = done.callback
         if row is None:
             raise NotFound(f"no callback with id {cid}")
-        if not done.completed:
+        if not done.completed and not done.repeated:
             raise InvalidState(
                 f"the callback is already {row['status']}; its first body is kept",
                 {"status": row["status"]},
             )
         slot.take(done.taken)
-    return json_response(serialize.callback(row, o.signer.url(o.settings.base_url, str(cid))))
+    answer = serialize.callback(row, o.signer.url(o.settings.base_url, str(cid)))
+    if done.repeated:  # the same body again (a retried delivery): already completed with it
+        answer["deduplicated"] = True
+    return json_response(answer)
 
 
 async def complete_callback(request: Request) -> Response:
@@ -75,7 +80,7 @@ async def send_event(request: Request) -> Response:
     async with o.pool.acquire() as conn:
         event_id, sent = await actions.send_event(o, conn, pid, body.name, body.data, body.id)
     answer = {
-        "id": body.id if body.id is not None else str(event_id),
+        "id": event_id,
         "name": body.name,
         "matchedRuns": len(sent.matched),
         "startedRuns": [str(r) for r in sent.started],
@@ -83,3 +88,19 @@ async def send_event(request: Request) -> Response:
     if sent.repeated:
         answer["deduplicated"] = True
     return json_response(answer, 202)
+
+
+async def list_events(request: Request) -> Response:
+    """``GET /v1/events``: the events the environment received (kept a day), newest first."""
+    pid = await project(request)
+    f = received_events.EventFilter(
+        name=request.query_params.get("name"),
+        created_after=pagination.time_of(request, "createdAfter"),
+        created_before=pagination.time_of(request, "createdBefore"),
+    )
+    limit = pagination.limit_of(request)
+    before = pagination.keyset_before(request)
+    async with orch(request).pool.acquire() as conn:
+        found = await received_events.page(conn, pid, f, before, limit + 1)
+    rows, nxt = pagination.keyset_page(found, limit, "received_at")
+    return json_response({"events": [serialize.received_event(r) for r in rows], "nextCursor": nxt})

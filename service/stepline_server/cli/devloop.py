@@ -133,7 +133,8 @@ class Loop:
                 answer = await self.client.sync_app(self.slug)
                 break
             except stepline.ApiError as exc:
-                if attempt + 1 >= tries or self.stop.is_set():
+                taken = exc.code == "invalid_state"  # another app has one of its workflows
+                if taken or attempt + 1 >= tries or self.stop.is_set():
                     _say(f"Not synced: {exc.message}")
                     if "signature" in exc.message:
                         _say(f"  start the app with STEPLINE_SIGNING_SECRET={DEV_SECRET}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,30 @@ _UNIQUE_NAME = "apps_project_id_name_key"  # UNIQUE (project_id, name) in schema
 
 class NameTaken(Exception):
     """Another app of the project already has that name."""
+
+
+class WorkflowsTaken(Exception):
+    """Workflows a sync would register are other apps' (``held``: each with its ``name`` and
+    that app's ``app_slug`` and ``app_name``); nothing was recorded."""
+
+    def __init__(self, held: list[Record]) -> None:
+        self.held = held
+        which = "; ".join(
+            f"workflow {r['name']!r} is hosted by app {r['app_name']!r} ({r['app_slug']})"
+            for r in held
+        )
+        super().__init__(
+            f"{which}: nothing was synced; sync with takeOver=true to move it to this app"
+        )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a sync recorded: the app after it, and the workflows it took from other apps
+    (each with its ``name`` and the ``app_slug`` and ``app_name`` it was taken from)."""
+
+    app: Record
+    moved: list[Record]
 
 
 def new_slug() -> str:
@@ -116,13 +141,22 @@ async def record_sync(
     *,
     protocol_version: int = PROTOCOL_VERSION,
     sdk_version: str | None = None,
-) -> Record:
+    take_over: bool = False,
+) -> Recorded:
     """Store what a sync found: the app's workflows, its deployment id and the protocol
     version and SDK version it declared (invocations use only that version's features). A sync that
     changes the app's workflows (names, options, schemas) makes the environment's next
-    definitions version, which they then carry (and the runs started under them)."""
+    definitions version, which they then carry (and the runs started under them).
+
+    A workflow another app registered is moved to this one only with ``take_over`` (runs
+    already started stay with the app they were started on); otherwise
+    :class:`WorkflowsTaken` names them and nothing is recorded."""
     env = app["project_id"]
+    names = [name for name, _ in workflows]
     async with conn.transaction():
+        held = list(await conn.fetch(Q["workflows_held_elsewhere"], env, app["id"], names))
+        if held and not take_over:
+            raise WorkflowsTaken(held)
         stored = {
             r["name"]: r["options"] for r in await conn.fetch(Q["app_definitions"], env, app["id"])
         }
@@ -130,12 +164,18 @@ async def record_sync(
         if stored != dict(workflows):
             version = await conn.fetchval(Q["next_definitions_version"], env)
         for name, options in workflows:
-            await conn.execute(Q["upsert_workflow"], env, name, app["id"], options, version)
+            upsert = Q["upsert_workflow"]
+            if await conn.fetchval(upsert, env, name, app["id"], options, version, take_over):
+                continue
+            # Another app's sync registered it since (it committed after the check above).
+            raise WorkflowsTaken(
+                list(await conn.fetch(Q["workflows_held_elsewhere"], env, app["id"], names))
+            )
         row = await conn.fetchrow(
             Q["app_synced"], app["id"], deployment_id, protocol_version, sdk_version
         )
     assert row is not None
-    return row
+    return Recorded(row, held)
 
 
 async def workflows_page(

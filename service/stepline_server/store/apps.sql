@@ -67,12 +67,24 @@ UPDATE apps SET synced_at = now(), deployment_id = $2, protocol_version = $3, sd
 WHERE id = $1 RETURNING *;
 
 -- name: upsert_workflow
--- Stores a synced workflow; $5: the definitions version it changed in (NULL: it did not).
+-- Stores a synced workflow; $5: the definitions version it changed in (NULL: it did not). A
+-- workflow of another app is taken from it only when $6 (asked to): no row otherwise.
 INSERT INTO workflows (project_id, name, app_id, options, synced_at, version)
 VALUES ($1, $2, $3, $4, now(), coalesce($5::integer, 1))
 ON CONFLICT (project_id, name)
 DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now(),
-              version = coalesce($5::integer, workflows.version);
+              version = coalesce($5::integer, workflows.version)
+WHERE workflows.app_id = excluded.app_id OR $6::boolean
+RETURNING name;
+
+-- name: workflows_held_elsewhere
+-- The workflows named $3 that another app than $2 of environment $1 registered, with that
+-- app's slug and name, locked until the sync that asks ends.
+SELECT w.name, a.slug AS app_slug, a.name AS app_name
+FROM workflows w JOIN apps a ON a.id = w.app_id
+WHERE w.project_id = $1 AND w.name = ANY($3::text[]) AND w.app_id <> $2
+ORDER BY w.name
+FOR UPDATE OF w;
 
 -- name: app_definitions
 -- The workflows app $2 hosts in environment $1, as last synced.
@@ -89,5 +101,6 @@ ORDER BY w.name
 LIMIT $3;
 
 -- name: get_workflow
-SELECT w.*, a.url AS app_url, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+SELECT w.*, a.url AS app_url, a.slug AS app_slug, a.paused_at AS app_paused_at
+FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND w.name = $2;

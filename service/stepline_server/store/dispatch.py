@@ -390,7 +390,7 @@ async def _take_recent_events(
     """Event waits see matching events that arrived since the invocation last committed."""
     taken: list[dict[str, Any]] = []
     for wait in plan.event_waits:
-        name = await conn.fetchval(
+        took = await conn.fetchrow(
             Q["take_recent_event"],
             run_id,
             project_id,
@@ -399,9 +399,11 @@ async def _take_recent_events(
             wait.event_name,
             wait.match,
         )
-        if name is not None:
+        if took is not None:
+            name = took["name"]
+            data = {"event": wait.event_name, "eventId": took["event_id"]}
             taken += [
-                {"type": "event.received", "step_name": name, "data": {"event": wait.event_name}},
+                {"type": "event.received", "step_name": name, "data": data},
                 {"type": "step.completed", "step_name": name, "data": {"kind": "event"}},
             ]
     if taken:

@@ -25,6 +25,7 @@ class NewRun:
     scheduled_at: datetime | None = None
     trigger: str = "api"
     event_id: uuid.UUID | None = None
+    event_key: str | None = None  # the id the event's sender gave
     priority: int = 0
 
 
@@ -50,6 +51,7 @@ async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | No
         notify,
         run.event_id,
         run.priority,
+        run.event_key,
     )
 
 
@@ -87,6 +89,7 @@ class RunFilter:
     workflow: str | None = None
     status: str | None = None
     run_key: str | None = None
+    run_key_prefix: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
 
@@ -112,6 +115,7 @@ async def search(
             at,
             ident,
             limit,
+            f.run_key_prefix,
         )
     )
 

@@ -8,7 +8,7 @@
 -- exists ($13: the event that started it; $14: its priority; the input's concurrency, singleton
 -- and rate limit key fields are read as the workflow's options name them). A run of a pull app
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
--- once leases it in the same transaction (lease_now).
+-- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.kind = 'pull' AS pull
     FROM workflows w JOIN apps a ON a.id = w.app_id
@@ -18,7 +18,7 @@ r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, event_id, concurrency_key, singleton_key,
-                      definition_version, pull, priority, rate_key)
+                      definition_version, pull, priority, rate_key, event_key)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -29,7 +29,8 @@ r AS (
                 THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
            w.version, w.pull, $14::smallint,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
-                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END
+                THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
+           $15::text
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -65,6 +66,8 @@ FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
 -- name: search_runs
+-- Runs of project $1 newest first, by workflow $2, status $3, run key $4 exact or $10 as a
+-- prefix, created in [$5, $6), before the keyset cursor ($7, $8); at most $9.
 SELECT r.*, a.slug AS app_slug,
        (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
@@ -72,6 +75,7 @@ WHERE r.project_id = $1
   AND ($2::text IS NULL OR r.workflow = $2)
   AND ($3::run_status IS NULL OR r.status = $3)
   AND ($4::text IS NULL OR r.run_key = $4)
+  AND ($10::text IS NULL OR starts_with(r.run_key, $10))
   AND ($5::timestamptz IS NULL OR r.created_at >= $5)
   AND ($6::timestamptz IS NULL OR r.created_at < $6)
   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7, $8::uuid))

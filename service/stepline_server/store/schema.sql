@@ -352,6 +352,10 @@ COMMENT ON COLUMN apps.sdk_version IS 'The SDK version the app declared at its l
 ALTER TABLE runs ADD COLUMN history_db text;
 COMMENT ON COLUMN runs.history_db IS 'stepline_database_id() of the database history_snapshot was taken in: in any other, the next invocation gets every step.';
 
+-- A run an event started keeps the id the event's sender gave (0022), shown as its eventId.
+ALTER TABLE runs ADD COLUMN event_key text;
+COMMENT ON COLUMN runs.event_key IS 'The id the sender gave the event that started the run (events.key), or NULL: its eventId is then event_id.';
+
 CREATE FUNCTION stepline_database_id() RETURNS text LANGUAGE sql STABLE AS $$
     SELECT (SELECT system_identifier FROM pg_control_system())::text || '/'
            || (SELECT oid FROM pg_database WHERE datname = current_database())::text

@@ -24,11 +24,13 @@ async def get_callback(
 @dataclass(frozen=True)
 class Completed:
     """What completing a callback did: the callback (None when it does not exist), whether this
-    call completed it, and the run when the call leased it (see :func:`complete_callback`)."""
+    call completed it, the run when the call leased it (see :func:`complete_callback`), and
+    whether the callback was completed before with this same body (a retried delivery)."""
 
     callback: Record | None
     completed: bool
     taken: leases.Taken | None = None
+    repeated: bool = False
 
 
 async def complete_callback(
@@ -44,11 +46,16 @@ async def complete_callback(
     orchestrator's dispatcher, as :func:`stepline_server.store.runs.insert` says. With
     ``lease``, the run is leased at once through the lease transition, in the same transaction
     (:func:`stepline_server.store.leases.take_now`: nothing gates it and no invocation holds
-    it), and :attr:`Completed.taken` has it."""
+    it), and :attr:`Completed.taken` has it. A callback completed before with the same body
+    (as JSON: key order and spacing aside) is :attr:`Completed.repeated`, and nothing changes."""
     async with conn.transaction():
         row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
         if row is None:
-            return Completed(await get_callback(conn, callback_id, project_id), False)
+            row = await get_callback(conn, callback_id, project_id)
+            repeated = row is not None and bool(
+                await conn.fetchval(Q["callback_completed_with"], callback_id, body)
+            )
+            return Completed(row, False, repeated=repeated)
         taken = None
         if lease is not None and row["run_woken"]:
             taken = await leases.take_now(conn, row["run_id"], lease)
@@ -88,39 +95,40 @@ async def send_event(
     key: str | None = None,
     *,
     notify: bool = True,
-) -> tuple[uuid.UUID, Sent]:
+) -> tuple[str, Sent]:
     """Record the event (of the sender's id ``key``, when given), resume every run waiting for
     event ``name`` whose match fields all equal ``data``'s, and start a run of every workflow
     declared ``on_event`` of it (its id derived from the event, so it starts once); answer the
-    stored event's id and what was done. A second send of one ``key`` does nothing again and
-    answers the first send's outcome. Serialised with waits for the same event being recorded
-    (:func:`~stepline_server.store.dispatch.lock_event_name`), so an event and a wait committed
-    at once never miss each other."""
+    event's id (the sender's, else the stored event's) and what was done. A second send of one
+    ``key`` does nothing again and answers the first send's outcome. Serialised with waits for
+    the same event being recorded (:func:`~stepline_server.store.dispatch.lock_event_name`),
+    so an event and a wait committed at once never miss each other."""
     event_id = event_row_id(project_id, key)
+    public_id = key if key is not None else str(event_id)
     async with conn.transaction():
         await dispatch.lock_event_name(conn, project_id, name)
         if await conn.fetchval(Q["insert_event"], event_id, project_id, name, data, key) is None:
             answer = await conn.fetchval(Q["event_answer"], event_id) or {}
-            return event_id, Sent(
+            return public_id, Sent(
                 [uuid.UUID(r) for r in answer.get("matched", [])],
                 [uuid.UUID(r) for r in answer.get("started", [])],
                 repeated=True,
             )
-        rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data)
+        rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data, key)
         matched = [row["id"] for row in rows]
         started: list[uuid.UUID] = []
         workflows: list[str] = []
         for wf in await conn.fetch(Q["event_workflows"], project_id, name):
             new = runs.NewRun(
                 event_run_id(event_id, wf["name"]), project_id, wf["name"], data,
-                trigger="event", event_id=event_id,
+                trigger="event", event_id=event_id, event_key=key,
             )  # fmt: skip
             if await runs.insert(conn, new, notify=notify) is not None:
                 started.append(new.id)
                 workflows.append(wf["name"])
         answer = {"matched": [str(r) for r in matched], "started": [str(r) for r in started]}
         await conn.execute(Q["set_event_answer"], event_id, answer)
-    return event_id, Sent(matched, started, started_workflows=workflows)
+    return public_id, Sent(matched, started, started_workflows=workflows)
 
 
 async def cancel(

@@ -26,6 +26,11 @@ WHERE id = $1 AND status IN ('running', 'cancelling');
 -- name: get_callback
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
 
+-- name: callback_completed_with
+-- Whether callback $1 was completed with body $2 (compared as jsonb: key order and spacing
+-- aside, `1` is not `true`): a second delivery of the same body.
+SELECT status = 'completed' AND body IS NOT DISTINCT FROM $2::jsonb FROM callbacks WHERE id = $1;
+
 -- name: complete_callback
 -- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
 -- the history says so, and the run wakes (wake_run's rule: now, or right after its active
@@ -68,10 +73,11 @@ SELECT pg_advisory_xact_lock(1, hashtext($1::uuid::text || ':' || $2::text));
 
 -- name: take_recent_event
 -- An event wait just recorded takes the first matching event received since $4 (the wait's
--- invocation last committed): the event may have raced the wait's own commit.
+-- invocation last committed): the event may have raced the wait's own commit. Answers the
+-- step and the event's id (its sender's, else its own).
 UPDATE steps s SET status = 'completed', output = ev.data, ended_at = now()
 FROM (
-    SELECT e.data FROM events e
+    SELECT e.data, coalesce(e.key, e.id::text) AS event_id FROM events e
     WHERE e.project_id = $2 AND e.name = $5 AND e.received_at >= $4
       -- Every match field equals the data's (data of any kind matches no match fields).
       AND NOT EXISTS (
@@ -83,7 +89,7 @@ FROM (
     LIMIT 1
 ) ev
 WHERE s.run_id = $1 AND s.name = $3 AND s.status = 'waiting'
-RETURNING s.name;
+RETURNING s.name, ev.event_id;
 
 -- name: insert_event
 -- Records event $1 (project $2, name $3, data $4, the sender's id $5 or NULL); no row when an
@@ -101,7 +107,8 @@ UPDATE events SET answer = $2 WHERE id = $1;
 
 -- name: match_event
 -- Completes every step of project $2 waiting for event $3 whose match fields all equal the
--- data's ($4; $1 the event): each such run's history gets event.received and step.completed,
+-- data's ($4; $1 the event, $5 its id as its sender gave it, else $1): each such run's history
+-- gets event.received and step.completed,
 -- and the run wakes (now, or right after its active invocation). Answers the runs it woke.
 WITH m AS (
     UPDATE steps SET status = 'completed', output = $4, ended_at = now()
@@ -134,7 +141,8 @@ history AS (
     SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
            x.data
     FROM r JOIN numbered ON numbered.run_id = r.id,
-         (VALUES (0, 'event.received', jsonb_build_object('event', $3::text, 'eventId', $1::uuid::text)),
+         (VALUES (0, 'event.received',
+                  jsonb_build_object('event', $3::text, 'eventId', coalesce($5::text, $1::uuid::text))),
                  (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
 )
 -- A pull app's run wakes every orchestrator: their workers' polls claim it.

@@ -48,7 +48,7 @@ async def sync_app(r: Req) -> Response:
         return r.back("/ui/apps", message)
     try:
         done = await appsync.sync(r.orch, row)
-    except appsync.SyncFailed as exc:
+    except (appsync.SyncFailed, apps.WorkflowsTaken) as exc:
         return r.back("/ui/apps", f"Not synced: {exc}")
     except ValidationError as exc:
         return r.back("/ui/apps", f"Not synced: {exc.errors()[0]['msg']}")
