@@ -352,10 +352,6 @@ COMMENT ON COLUMN apps.sdk_version IS 'The SDK version the app declared at its l
 ALTER TABLE runs ADD COLUMN history_db text;
 COMMENT ON COLUMN runs.history_db IS 'stepline_database_id() of the database history_snapshot was taken in: in any other, the next invocation gets every step.';
 
--- A run an event started keeps the id the event's sender gave (0022), shown as its eventId.
-ALTER TABLE runs ADD COLUMN event_key text;
-COMMENT ON COLUMN runs.event_key IS 'The id the sender gave the event that started the run (events.key), or NULL: its eventId is then event_id.';
-
 CREATE FUNCTION stepline_database_id() RETURNS text LANGUAGE sql STABLE AS $$
     SELECT (SELECT system_identifier FROM pg_control_system())::text || '/'
            || (SELECT oid FROM pg_database WHERE datname = current_database())::text
@@ -559,3 +555,6 @@ CREATE INDEX alert_notifications_alert ON alert_notifications (alert_id, created
 CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHERE status <> 'pending';
 ALTER TABLE runs ADD COLUMN history_acked uuid;
 COMMENT ON COLUMN runs.history_acked IS 'The last invocation of the run answered by an SDK that reads history deltas (its answer declared protocol 3 or newer): the next invocation carries only what changed since history_invocation when this is history_invocation, else every step.';
+-- A run an event started keeps the id the event's sender gave (0022), shown as its eventId.
+ALTER TABLE runs ADD COLUMN event_key text;
+COMMENT ON COLUMN runs.event_key IS 'The id the sender gave the event that started the run (events.key), or NULL: its eventId is then event_id.';
