@@ -254,3 +254,54 @@ async def _crash_twice_mid_step(
             raise AssertionError(f"the run ended while a try was lost: {ending.result()}")
         ending.cancel()
         assert await waiting == tries
+
+
+async def test_a_pull_lease_lost_with_its_orchestrator_counts_no_delivery_failure(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL of the orchestrator that leased a run to a pull app's worker, mid-step, and a
+    restart after the lease ran out: the run completes (the worker's late beat keeps the lease,
+    or its next poll takes the run over). Whatever was lost was our loss, not the worker's: no
+    delivery failure, and the step ran as attempt 1 each time."""
+    count_file = tmp_path / "steps"
+    count_file.touch()
+    port = free_port()
+    env = _orchestrator_env(database_url, port)
+    base = f"http://127.0.0.1:{port}"
+    conn = await db.connect(database_url)
+    orch = _spawn(SERVE, env)
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        await _until_up(base + "/healthz", orch)
+        key = await keys.create_key(conn, "crash")
+        async with stepline.AsyncClient(base, api_key=key) as client:
+            slug = (await client.create_app("pulled", kind="pull"))["slug"]
+            worker = _spawn(
+                [
+                    *(str(Path(sys.executable).parent / "stepline"), "worker"),
+                    *("tests.apps.pull_app:sl", "--app", slug, "--url", base),
+                ],
+                {"STEPLINE_API_KEY": key},
+            )
+            while not (await client.get_app(slug))["syncedAt"]:
+                assert worker.poll() is None, "the worker exited"
+                await asyncio.sleep(0.05)
+            input = {"countFile": str(count_file), "seconds": 4.0}
+            run = await client.start_run("slow-step", input)
+            while not count_file.read_text():
+                await asyncio.sleep(0.05)
+            _kill(orch)  # the try in flight can no longer report its outcome
+            await asyncio.sleep(float(env["STEPLINE_LEASE_SECONDS"]) + 1)  # its lease runs out
+            orch = _spawn(SERVE, env)
+            await _until_up(base + "/healthz", orch)
+            done = await client.wait_run(run["id"], timeout=60)
+            events = [e async for e in client.iter_run_events(run["id"])]
+        assert done["status"] == "completed" and done["output"] == "finished", done
+        assert done["deliveryFailures"] == 0, done
+        started = [e["data"]["attempt"] for e in events if e["type"] == "step.started"]
+        assert started and set(started) == {1}, started
+    finally:
+        if worker is not None:
+            _kill(worker)
+        _kill(orch)
+        await conn.close()

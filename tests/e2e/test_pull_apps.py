@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 
 import stepline
 from tests.apps import pull_app
+from tests.receiver import Receiver
 from tests.support import Stack, orchestrator_stack, worker
 
 
@@ -212,6 +215,82 @@ async def test_a_worker_killed_mid_step_loses_its_run_to_another(
         assert count_file.read_text().splitlines() == [f"work {proc.pid}", f"work {os.getpid()}"]
         types = [e["type"] async for e in stack.client.iter_run_events(run["id"])]
         assert types.count("invocation.started") == 3  # killed, taken over, after the sleep
+
+
+@contextlib.asynccontextmanager
+async def _workers_kept_up(stack: Stack, slug: str) -> AsyncIterator[list[int]]:
+    """`stepline worker` processes for ``slug``, one at a time, each started again when the
+    last exits (as a process supervisor would; at most 30); yields their pids."""
+    pids: list[int] = []
+    current: list[subprocess.Popen[bytes]] = []
+
+    async def keep_up() -> None:
+        for _ in range(30):
+            proc = _worker_process(stack, slug)
+            current[:] = [proc]
+            pids.append(proc.pid)
+            await asyncio.to_thread(proc.wait)
+
+    task = asyncio.create_task(keep_up())
+    try:
+        yield pids
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for proc in current:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+async def test_a_step_that_kills_its_worker_every_time_ends_the_run_app_unreachable(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A step that ends its worker's process every time it runs, with workers started again
+    each time: each try lost with its worker is a delivery failure (its invocation ended
+    delivery_failed, saying the worker was lost), the step runs as attempt 1 every time, and
+    once the workflow's delivery window (4 s) is spent the run fails app_unreachable and the
+    app.unreachable alert is sent, as for a push app that cannot be reached."""
+    count_file = tmp_path / "steps"
+    count_file.touch()
+    async with (
+        orchestrator_stack(database_url, lease_seconds=1.0) as stack,
+        Receiver().running() as rx,
+    ):
+        slug = await stack.register_pull()
+        await stack.client.create_alert(
+            "ops", ["app.unreachable"], {"type": "webhook", "url": rx.url}
+        )
+        async with _workers_kept_up(stack, slug) as pids:
+            for _ in range(400):
+                if (await stack.client.get_app(slug))["syncedAt"]:
+                    break
+                await asyncio.sleep(0.05)
+            run = await stack.client.start_run("exit-in-step", {"countFile": str(count_file)})
+            done = await stack.client.wait_run(run["id"], timeout=60)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "app_unreachable", done
+        assert "worker" in done["error"]["message"], done
+        async with raw(stack) as http:
+            answer = await http.get(f"/v1/runs/{run['id']}/invocations")
+        invocations = answer.json()["invocations"]
+        outcomes = [i["outcome"] for i in invocations]
+        assert len(outcomes) >= 2 and outcomes == ["delivery_failed"] * (len(outcomes) - 1) + [
+            "failed"
+        ], invocations
+        assert all("worker" in i["response"] for i in invocations), invocations
+        assert [i["attempt"] for i in invocations] == list(range(1, len(invocations) + 1))
+        assert done["deliveryFailures"] == len(invocations) - 1
+        tries = count_file.read_text().splitlines()
+        assert len(tries) == len(invocations)
+        assert {line.split()[1] for line in tries} <= {str(pid) for pid in pids}
+        events = [e async for e in stack.client.iter_run_events(run["id"])]
+        started = [e["data"]["attempt"] for e in events if e["type"] == "step.started"]
+        assert started == [1] * len(invocations)
+        await rx.until(1)
+        assert [r.json["type"] for r in rx.received] == ["app.unreachable"]
 
 
 async def test_bad_registrations_and_polls_are_refused(database_url: str) -> None:

@@ -85,3 +85,27 @@ async def test_a_lease_that_runs_out_is_claimed_again(database_url: str) -> None
         assert await pull.leased(conn, taken["id"], taken["lease_token"]) is not None
     finally:
         await conn.close()
+
+
+async def test_a_lapsed_lease_is_its_workers_loss_only_when_our_side_served_it(
+    database_url: str,
+) -> None:
+    """A lease given by orchestrator "here" for 60 s and lapsed a second ago (kept 61 s ago)
+    is found lost by its worker only by "here", and only when "here" has been serving for all
+    of those 61 s (not when it restarted or lost the database since, nor by another
+    orchestrator, which cannot tell whether "here" died with it); a live lease never."""
+    conn = await db.connect(database_url)
+    try:
+        app_id, _ = await _apps_with_runs(conn, 2)
+        lapsed, live = await pull.claim(conn, app_id, "here", 60, 2)
+        await conn.execute(
+            "UPDATE runs SET ready_at = now() - interval '1 second' WHERE id = $1", lapsed["id"]
+        )
+        assert await pull.lost(conn, app_id, "there", 60, 1000) == []
+        assert await pull.lost(conn, app_id, "here", 60, 30) == []
+        (lost,) = await pull.lost(conn, app_id, "here", 60, 62)
+        assert lost["id"] == lapsed["id"] and lost["lease_token"] == lapsed["lease_token"]
+        assert lost["invocation_id"] == lapsed["invocation_id"]
+        assert live["id"] != lapsed["id"]
+    finally:
+        await conn.close()

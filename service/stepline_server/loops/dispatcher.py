@@ -73,6 +73,10 @@ class Dispatcher:
         # Until this monotonic time, expired leases are not taken over: just after the database
         # was away, a lease may have lapsed only because its holder could not beat meanwhile.
         self._no_takeovers_until = 0.0
+        # Since when (monotonic) this orchestrator has been up and reaching the database: a pull
+        # lease last kept after then and lapsed was lost by its worker, not by us (pull.sql,
+        # lost_pull_leases).
+        self._serving_since = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self.pollers = Pollers()  # pull apps' workers' long polls waiting here
 
@@ -81,9 +85,14 @@ class Dispatcher:
         expired to their holders, whose beats could not land either (a dead holder's runs are
         taken over a lease later)."""
         self._no_takeovers_until = time.monotonic() + self.settings.lease_seconds
+        self._serving_since = time.monotonic()
 
     def _takeovers(self) -> bool:
         return time.monotonic() >= self._no_takeovers_until
+
+    def serving_seconds(self) -> float:
+        """How long this orchestrator has been up and reaching the database without a break."""
+        return time.monotonic() - self._serving_since
 
     @property
     def inflight(self) -> int:
@@ -443,6 +452,14 @@ class Dispatcher:
             tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
         log.info("run_timed_out")
 
+    async def worker_lost(self, claim: Mapping[str, Any], reason: str) -> bool:
+        """Record the invocation of ``claim`` (its lease, lapsed) as lost with its pull app's
+        worker: a delivery failure, as a push app that cannot be reached (tried again with
+        backoff, the run failed ``app_unreachable`` once the delivery window is spent); whether
+        it was recorded (False: the lease was no longer the run's)."""
+        outcome = self._failure(claim, reason, None, None, None)
+        return await self._record(claim, Plan(), outcome)
+
     async def answered(
         self,
         claim: Mapping[str, Any],
@@ -558,7 +575,7 @@ class Dispatcher:
         claim: Mapping[str, Any],
         reason: str,
         http_status: int | None,
-        duration_ms: int,
+        duration_ms: int | None,
         deployment_id: str | None,
         retry_after: float | None = None,
     ) -> dispatch.Outcome:

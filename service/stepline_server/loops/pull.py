@@ -1,6 +1,7 @@
 """Pull apps' invocations: a worker's poll claims its app's due runs and gets their invoke
 bodies; the worker's heartbeats keep the leases; its answer is recorded as the dispatcher
-records an app's HTTP answer."""
+records an app's HTTP answer, and a try a worker lost (its lease lapsed) as a delivery
+failure."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from stepline_server.store import dispatch, pull
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.pull")
+
+WORKER_LOST = "the worker running the invocation was lost (no heartbeat for a whole lease)"
 
 
 async def _first(timeout: float, *events: asyncio.Event) -> None:
@@ -85,6 +88,8 @@ class PullInvocations:
         # The dispatcher's lease: no takeovers for a lease after the database was away (a
         # worker's beats could not land either).
         lease = self.dispatcher.lease()
+        if lease.takeovers:
+            await self._record_lost(conn, app_id, lease.owner)
         claimed = await pull.claim(
             conn, app_id, lease.owner, lease.seconds, limit, takeovers=lease.takeovers
         )
@@ -128,6 +133,20 @@ class PullInvocations:
             )
         log.info("pull_claimed", app_id=str(app_id), runs=len(bodies))
         return bodies
+
+    async def _record_lost(self, conn: Conn, app_id: uuid.UUID, owner: str) -> None:
+        """Before leasing again the runs whose workers lost their invocations (a worker died,
+        stalled or was cut off while this orchestrator served it), record each loss as a
+        delivery failure: the run is invoked again after the backoff, or fails
+        ``app_unreachable`` once its delivery window is spent."""
+        lost = await pull.lost(
+            conn, app_id, owner, self.settings.lease_seconds, self.dispatcher.serving_seconds()
+        )
+        for claim in lost:
+            log.warning("worker_lost", run_id=str(claim["id"]))
+            await self.dispatcher.worker_lost(claim, WORKER_LOST)
+            if (claim["options"] or {}).get("concurrency"):
+                await self.dispatcher.release_held(claim)
 
     async def answer(
         self,

@@ -34,6 +34,17 @@ async def claim(
     return claimed
 
 
+async def lost(
+    conn: Conn, app_id: uuid.UUID, owner: str, lease_seconds: float, serving_seconds: float
+) -> list[Record]:
+    """The lapsed leases of pull app ``app_id``'s runs that their workers lost: given by
+    ``owner`` (this orchestrator) and last kept while it has been serving, the last
+    ``serving_seconds``; each in the shape every lease answers."""
+    return list(
+        await conn.fetch(Q["lost_pull_leases"], app_id, owner, lease_seconds, serving_seconds)
+    )
+
+
 async def next_due_in(conn: Conn, app_id: uuid.UUID) -> float | None:
     """Seconds until a run of pull app ``app_id`` comes due (negative: overdue); None: none."""
     value = await conn.fetchval(Q["next_pull_due_in"], app_id)

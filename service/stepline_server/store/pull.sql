@@ -21,8 +21,9 @@ GROUP BY project_id, workflow, rate_key;
 
 -- name: claim_pull
 -- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds (lease_runs: a
--- run whose lease ran out is taken over, its worker died or stalled, unless $5 is false, just
--- after the database was away). Runs of a workflow with a concurrency cap are left to
+-- run whose lease ran out is taken over, unless $5 is false, just after the database was away;
+-- a lease its worker lost, lost_pull_leases, was recorded as a delivery failure before, so
+-- what is taken over here counts nothing). Runs of a workflow with a concurrency cap are left to
 -- claim_capped, runs of a workflow with a rate limit not yet started to claim_rate_limited,
 -- runs past their deadline to the dispatcher (which ends them). Higher priority first, then
 -- the longest due.
@@ -40,6 +41,26 @@ WITH due AS (
 )
 SELECT * FROM lease_runs(ARRAY(SELECT id FROM due), $3, $4, '{}', $5)
 ORDER BY priority DESC, due_in;
+
+-- name: lost_pull_leases
+-- Runs of pull app $1 whose worker lost its invocation: the lease this orchestrator ($2) gave
+-- the worker's poll lapsed (no beat for a whole lease, $3 seconds), and was last kept (given or
+-- beaten) while this orchestrator was up and reaching the database, as it has been for the
+-- last $4 seconds. A lease that lapsed while our side was away is not the worker's loss: one
+-- given by another orchestrator (which may have died with it: we cannot tell) or kept before
+-- this orchestrator started or last lost the database (its worker's beats may have failed on
+-- our side) is left to the takeover (claim_pull), which counts nothing. Past their deadline,
+-- runs are the dispatcher's to end. The claims answered are the lapsed leases' own, for
+-- recording the loss under them (a delivery failure, fenced by their token). Read through
+-- runs_pull_leased: the leased runs only, not those waiting for a worker.
+SELECT (lease_claim_of(r, 0, false)).* FROM runs r
+WHERE r.pull AND r.app_id = $1 AND r.lease_owner = $2 AND r.lease_token IS NOT NULL
+  AND r.status IN ('running', 'cancelling') AND r.ready_at <= now()
+  AND (r.deadline_at IS NULL OR r.deadline_at > now())
+  AND r.ready_at >= now() - make_interval(secs => $4::double precision)
+                   + make_interval(secs => $3::double precision)
+ORDER BY r.ready_at
+LIMIT 100;
 
 -- name: pull_lease
 -- The run $1 of a pull app while lease $2 holds it: what recording its invocation's answer

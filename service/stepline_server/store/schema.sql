@@ -172,6 +172,7 @@ CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_a
 CREATE INDEX runs_ready_workflow ON runs (project_id, workflow, ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
+CREATE INDEX runs_pull_leased ON runs (app_id, ready_at) WHERE pull AND lease_token IS NOT NULL;
 CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
 CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
 CREATE INDEX runs_app ON runs (app_id);
