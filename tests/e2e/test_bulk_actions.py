@@ -134,7 +134,8 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
 ) -> None:
     """A bulk retry of failed runs retries each once through the run's own retry: the run's
     history has one ``run.retried`` with ``data.by = operation:<id>``; the operation completes
-    with every run succeeded."""
+    with every run succeeded. The runs and ``stepline_runs_started_total`` say the same
+    trigger, ``bulk``, which the run filter takes."""
     sl = bulk_app()
     async with (
         orchestrator_stack(database_url, bulk_batch_size=4) as stack,
@@ -152,13 +153,17 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
         assert done["endedAt"] is not None and done["errors"] == []
         for r in failed:
             ended = await stack.client.wait_run(r["id"], timeout=30)
-            assert ended["status"] == "completed" and ended["trigger"] == "retry"
+            assert ended["status"] == "completed" and ended["trigger"] == "bulk"
             assert await by_events(stack, r["id"], "run.retried") == [f"operation:{op['id']}"]
             # the run starts again, and that start names the operation too (the first did not)
             assert await by_events(stack, r["id"], "run.started") == [None, f"operation:{op['id']}"]
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(stack.url + "/metrics")).text
         assert 'stepline_runs_started_total{trigger="bulk",workflow="breaks"} 10.0' in metrics
+        assert 'stepline_runs_started_total{trigger="retry"' not in metrics
+        # the filter takes that trigger (they all completed: a cancel matches none of them)
+        by_trigger = await stack.client.bulk_runs("cancel", {"trigger": "bulk"}, dry_run=True)
+        assert by_trigger == {"matched": 0, "sample": []}
 
 
 async def test_bulk_retry_from_step_takes_runs_that_recorded_it(database_url: str) -> None:

@@ -187,7 +187,12 @@ class OperationsLoop:
                     row = await waits.cancel(conn, op["project_id"], item.run_id, by=by)
                 else:
                     row = await waits.retry(
-                        conn, op["project_id"], item.run_id, op["from_step"], by=by
+                        conn,
+                        op["project_id"],
+                        item.run_id,
+                        op["from_step"],
+                        by=by,
+                        trigger=rules.TRIGGER,
                     )
                     if row is not None:
                         batch.retried.append(str(row["workflow"]))
