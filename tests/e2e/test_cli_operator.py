@@ -276,3 +276,54 @@ async def test_exit_codes_of_the_real_command(env: Env) -> None:
     assert done.returncode == 1 and "cannot reach the orchestrator" in done.stderr
     done = await asyncio.to_thread(_command, "runs", "list", "--json", env=keyed)
     assert done.returncode == 0 and json.loads(done.stdout)["runs"] == []
+
+
+async def test_a_run_held_by_a_paused_workflow_says_so(env: Env) -> None:
+    """`workflows list` has a PAUSED column; a run of a paused workflow says it is paused and
+    why it does not move in `runs start --wait` (which gives up, exit 6) and `runs show`, and
+    its JSON says ``heldBy: "pause"``; once resumed it completes and is held by nothing."""
+    keyed = {"STEPLINE_URL": env.stack.url, "STEPLINE_API_KEY": env.stack.api_key}
+    await env.stack.client.pause_workflow("greet")
+    done = await asyncio.to_thread(_command, "workflows", "list", env=keyed)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert "PAUSED" in header.split()
+    paused = {line.split()[0]: line.split()[header.split().index("PAUSED")] for line in rows}
+    assert paused["greet"] == "yes" and paused["charge"] == "no"
+    code, out, err = await cli(
+        env, "runs", "start", "greet", "--input", '{"name": "ada"}', "--wait", "--timeout", "2"
+    )
+    assert code == 6, err
+    assert "running, paused (the workflow or its app is paused)" in err
+    assert "status    running, paused (the workflow or its app is paused)" in out
+    run_id = out.split()[1]
+    done = await asyncio.to_thread(_command, "runs", "show", run_id, env=keyed)
+    assert "status    running, paused (the workflow or its app is paused)" in done.stdout
+    shown = await ok_json(env, "runs", "show", run_id)
+    assert shown["paused"] is True and shown["heldBy"] == "pause"
+    await env.stack.client.resume_workflow("greet")
+    ended = await env.stack.client.wait_run(run_id, timeout=30)
+    assert ended["status"] == "completed" and ended["heldBy"] is None
+
+
+async def test_people_read_the_apps_name_programs_both(database_url: str) -> None:
+    """A run's and a workflow's JSON carry the app's name (``appName``) beside its slug
+    (``app``); `runs show` and `workflows list` show the name."""
+    sl = build_app({})
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        slug = await stack.register(sl, url, name="billing")
+        env = Env(stack, slug, {})
+        keyed = {"STEPLINE_URL": stack.url, "STEPLINE_API_KEY": stack.api_key}
+        run = await stack.client.start_run("greet", {"name": "ada"})
+        assert (run["app"], run["appName"]) == (slug, "billing")
+        ended = await stack.client.wait_run(run["id"], timeout=30)
+        assert (ended["app"], ended["appName"]) == (slug, "billing")
+        listed = (await stack.client.list_runs())["runs"]
+        assert [(r["app"], r["appName"]) for r in listed] == [(slug, "billing")]
+        workflows = (await ok_json(env, "workflows", "list"))["workflows"]
+        assert {(w["app"], w["appName"]) for w in workflows} == {(slug, "billing")}
+        done = await asyncio.to_thread(_command, "runs", "show", run["id"], env=keyed)
+        assert "workflow  greet  (app billing)" in done.stdout, done.stdout
+        done = await asyncio.to_thread(_command, "workflows", "list", env=keyed)
+        assert slug not in done.stdout
+        assert all(line.split()[1] == "billing" for line in done.stdout.splitlines()[1:])
