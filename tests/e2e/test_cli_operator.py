@@ -18,7 +18,7 @@ import pytest
 import stepline
 from stepline_server.cli import main as cli_main
 from stepline_server.cli import operate
-from tests.support import Stack, app_server, orchestrator_stack
+from tests.support import Stack, app_server, orchestrator_stack, until
 
 YEARLY = "0 0 1 1 *"
 
@@ -327,3 +327,48 @@ async def test_people_read_the_apps_name_programs_both(database_url: str) -> Non
         done = await asyncio.to_thread(_command, "workflows", "list", env=keyed)
         assert slug not in done.stdout
         assert all(line.split()[1] == "billing" for line in done.stdout.splitlines()[1:])
+
+
+async def test_runs_show_says_a_cap_or_an_unreachable_app_holds_a_run(database_url: str) -> None:
+    """A run due while its workflow's concurrency cap is full says it is held by the cap; a run
+    whose app cannot be reached says so (`runs show`, and ``heldBy`` in its JSON)."""
+    sl = stepline.Stepline("whsec_cli_test")
+    gate = asyncio.Event()
+
+    @sl.workflow("single", concurrency=1)
+    async def single(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.step("work", gate.wait)
+
+    async with orchestrator_stack(database_url) as stack:
+        env = Env(stack, "", {})
+        try:
+            async with app_server(sl) as url:
+                await stack.register(sl, url)
+                first = await stack.client.start_run("single", None)
+                await until(
+                    lambda: _step_running(stack, first["id"]), "the first run to be in its step"
+                )
+                second = await stack.client.start_run("single", None)
+                held = await until(lambda: _held(stack, second["id"]), "the second run held")
+                assert held == "concurrency"
+                code, out, _ = await cli(env, "runs", "show", second["id"])
+                assert code == 0
+                assert "status    running, held by its workflow's concurrency cap" in out, out
+                gate.set()
+                assert (await stack.client.wait_run(second["id"], timeout=30))["heldBy"] is None
+            away = await stack.client.start_run("single", None)  # its app is gone now
+            held = await until(lambda: _held(stack, away["id"]), "the run's app unreachable")
+            assert held == "appUnreachable"
+            code, out, _ = await cli(env, "runs", "show", away["id"])
+            assert "status    running, its app could not be reached" in out, out
+        finally:
+            gate.set()
+
+
+async def _step_running(stack: Stack, run_id: str) -> bool:
+    steps = (await stack.client.get_run(run_id))["steps"]
+    return any(s["name"] == "work" and s["status"] == "running" for s in steps)
+
+
+async def _held(stack: Stack, run_id: str) -> str | None:
+    return (await stack.client.get_run(run_id))["heldBy"]  # type: ignore[no-any-return]
