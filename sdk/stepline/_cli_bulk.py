@@ -47,7 +47,9 @@ def add_filter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--created-after", help="runs created at or after this RFC 3339 time")
     p.add_argument("--created-before", help="runs created before this RFC 3339 time")
     p.add_argument("--run-key", help="runs with this run key, or a prefix ending with '*'")
-    p.add_argument("--trigger", help="runs started by api, schedule, manual, event, parent, retry")
+    p.add_argument(
+        "--trigger", help="runs started by api, schedule, manual, event, parent, retry, bulk"
+    )
     p.add_argument("--dry-run", action="store_true", help="only count the runs it would take")
     p.add_argument("--yes", action="store_true", help="act without asking")
 

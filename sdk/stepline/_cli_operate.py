@@ -173,8 +173,17 @@ def workflows_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -
     page = c.list_workflows(limit=a.limit)
     if a.json:
         return output.as_json(page, out)
-    rows = [(w["name"], w["app"], w.get("version"), w["options"]) for w in page["workflows"]]
-    output.table(["WORKFLOW", "APP", "VERSION", "OPTIONS"], rows, out)
+    rows = [
+        (
+            w["name"],
+            w.get("appName") or w["app"],
+            w.get("version"),
+            "yes" if w.get("paused") else "no",
+            w["options"],
+        )
+        for w in page["workflows"]
+    ]
+    output.table(["WORKFLOW", "APP", "VERSION", "PAUSED", "OPTIONS"], rows, out)
 
 
 # schedules

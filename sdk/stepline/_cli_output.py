@@ -99,14 +99,31 @@ def step_detail(step: dict[str, Any]) -> str:
     return ""
 
 
+HELD_BY = {
+    "pause": "paused (the workflow or its app is paused)",
+    "concurrency": "held by its workflow's concurrency cap (it goes when a run of it ends)",
+    "rateLimit": "held by its workflow's rate limit",
+    "appUnreachable": "its app could not be reached (tried again with backoff)",
+}
+"""What a person reads for a run's ``heldBy``: why it does not move."""
+
+
+def status_text(run: dict[str, Any]) -> str:
+    """A run's status, and why it does not move when something holds it."""
+    held = run.get("heldBy")
+    if not held:
+        return str(run["status"])
+    return f"{run['status']}, {HELD_BY.get(held, held)}"
+
+
 def run_lines(run: dict[str, Any], last_failure: dict[str, Any] | None = None) -> list[str]:
     """A run for a person: its fields, input and output, its invocations and delivery failures
     (``last_failure``: the last invocation that could not be delivered), its steps, its error
     with traceback."""
     lines = [
         f"run       {run['id']}",
-        f"workflow  {run['workflow']}  (app {run.get('app') or '-'})",
-        f"status    {run['status']}",
+        f"workflow  {run['workflow']}  (app {run.get('appName') or run.get('app') or '-'})",
+        f"status    {status_text(run)}",
     ]
     for label, key in (("runKey", "runKey"), ("parent", "parentRunId"), ("schedule", "scheduleId")):
         if run.get(key):

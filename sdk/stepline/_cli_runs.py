@@ -139,7 +139,7 @@ def _progress(run: dict[str, Any]) -> str:
     done = sum(1 for s in steps if s["status"] == "completed")
     current = next((s for s in reversed(steps) if s["status"] != "completed"), None)
     now = f", {current['name']} {current['status']}" if current else ""
-    return f"{run['status']}, {done}/{len(steps)} steps completed{now}"
+    return f"{output.status_text(run)}, {done}/{len(steps)} steps completed{now}"
 
 
 def runs_start(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> int:

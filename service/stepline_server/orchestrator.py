@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from stepline.protocol import DescribeResponse, ScheduleSpec
 from stepline_server import tracing
+from stepline_server.engine import bulk as bulk_rules
 from stepline_server.engine import schedules as schedule_rules
 from stepline_server.engine.egress import Egress
 from stepline_server.invoke.alerts import AlertSender
@@ -110,7 +111,7 @@ class Orchestrator:
             batch_size=self.settings.bulk_batch_size,
             rest_seconds=self.settings.bulk_rest_seconds,
             on_acted=self.dispatcher.wake,
-            on_retried=lambda workflow: self.metrics.run_started(workflow, "bulk"),
+            on_retried=lambda workflow: self.metrics.run_started(workflow, bulk_rules.TRIGGER),
             retention_days=self.settings.retention_days,
         )
         if self.run_loops:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
-from stepline_server.engine import history
+from stepline_server.engine import history, holds
 from stepline_server.store import apps, pause, runs, schedules
 from stepline_server.store.db import Conn, Record
 
@@ -25,13 +26,33 @@ def history_limits(o: Orchestrator) -> history.Limits:
     return history.Limits(o.settings.history_max_steps, o.settings.history_max_bytes)
 
 
-async def app_slug(conn: Conn, row: Record) -> str | None:
-    """The slug of a run's app (read along with the run when the query joined it)."""
-    slug = row.get("app_slug")
-    if slug is not None:
-        return slug  # type: ignore[no-any-return]
+async def with_app(conn: Conn, row: Record) -> Record:
+    """A run's row with its app's slug and name (read along with the run when the query
+    joined them)."""
+    if row.get("app_slug") is not None and row.get("app_name") is not None:
+        return row
     app = await apps.get(conn, row["project_id"], str(row["app_id"]))
-    return app["slug"] if app else None
+    return {
+        **row,
+        "app_slug": app["slug"] if app else None,
+        "app_name": app["name"] if app else None,
+    }
+
+
+def held_by(row: Record, paused: bool) -> str | None:
+    """What holds the run (:func:`stepline_server.engine.holds.held_by`), from its row."""
+    state = holds.RunState(
+        ended=row.get("ended_at") is not None,
+        paused=paused,
+        leased=row.get("lease_token") is not None,
+        held=bool(row.get("held")),
+        undelivered=row.get("undelivered_since") is not None,
+        rate_limited="rateLimit" in (row.get("options") or {}),
+        started=row.get("started_at") is not None,
+        ready_at=row.get("ready_at"),
+    )
+    found = holds.held_by(state, datetime.now(UTC))
+    return found.value if found is not None else None
 
 
 async def run_json(
@@ -45,16 +66,16 @@ async def run_json(
     """A run as the API shows it, with its app's slug and (by default) its steps, each waiting
     callback with its URL when ``callback_url`` is given, and the size of its history (with a
     warning near ``limits``, when given)."""
-    slug = await app_slug(conn, row)
+    row = await with_app(conn, row)
     steps = await runs.steps(conn, row["id"]) if with_steps else None
     if row["schedule_id"] is not None and "schedule_sla_ms" not in row:
         # a row read without its schedule's SLA (as a write answers it)
         row = {**row, "schedule_sla_ms": await schedules.sla_of(conn, row["schedule_id"])}
-    data = serialize.run(row, slug, steps, callback_url)
+    data = serialize.run(row, row["app_slug"], steps, callback_url)
     if with_steps:
         counted = await runs.counters(conn, row["id"])
         paused = await pause.run_paused(conn, row["id"])
-        _add_counts(data, counted, paused, steps or [], limits)
+        _add_counts(data, row, counted, paused, steps or [], limits)
     return data
 
 
@@ -68,23 +89,25 @@ def new_run_json(
     shape :func:`run_json` gives a run read with its steps, without reading anything: it has
     no steps, invocations or deployment yet; ``paused``: its workflow or app is."""
     data = serialize.run({**row, "deployment_id": None}, row["app_slug"], [])
-    _add_counts(data, _NOTHING_YET, paused, [], limits)
+    _add_counts(data, row, _NOTHING_YET, paused, [], limits)
     return data
 
 
 def _add_counts(
     data: dict[str, Any],
+    row: Record,
     counted: Mapping[str, Any],
     paused: bool,
     steps: list[Record],
     limits: history.Limits | None,
 ) -> None:
-    """What a run read alone shows beside its fields: its counters, whether a pause holds it,
-    and the size of its history (with a warning near ``limits``, when given)."""
+    """What a run read alone shows beside its fields: its counters, whether a pause (or what
+    else) holds it, and the size of its history (with a warning near ``limits``, when given)."""
     data["invocations"] = counted["invocations"]
     data["deliveryFailures"] = counted["delivery_failures"]
     data["stepsCompleted"] = counted["steps_completed"]
     data["paused"] = paused
+    data["heldBy"] = held_by(row, paused)
     size = history.size_of(steps)
     data["history"] = {"steps": size.steps, "bytes": size.bytes}
     if limits is not None:

@@ -45,6 +45,7 @@ def workflow(row: Record) -> dict[str, Any]:
     return {
         "name": row["name"],
         "app": row["app_slug"],
+        "appName": row.get("app_name"),
         "paused": row["paused_at"] is not None,
         "pausedAt": ts(row["paused_at"]),
         "options": options,
@@ -97,6 +98,7 @@ def run(
         "traceId": row["id"].hex,  # the run's OpenTelemetry trace id (see tracing.py)
         "workflow": row["workflow"],
         "app": app_slug,
+        "appName": row.get("app_name"),
         "status": row["status"],
         "input": row["input"],
         "output": row["output"],

@@ -20,7 +20,7 @@ import pytest
 import stepline
 from stepline_server.api.app import build_app
 from stepline_server.orchestrator import Orchestrator
-from stepline_server.store import db, keys, operations
+from stepline_server.store import apps, db, keys, operations
 from tests import support
 from tests.support import (
     Stack,
@@ -34,18 +34,21 @@ SECRET = "secret-bulk"
 
 
 def bulk_app() -> stepline.Stepline:
-    """``breaks`` fails (until ``fixed``), ``waits`` waits on a callback for a minute."""
+    """``breaks`` fails (until ``fixed``; then its step waits for ``gate`` when one is set),
+    ``waits`` waits on a callback for a minute."""
     sl = stepline.Stepline(SECRET)
-    state = {"fixed": False}
+    state: dict[str, Any] = {"fixed": False, "gate": None}
     sl.state = state  # type: ignore[attr-defined]
 
     @sl.workflow("breaks")
     async def breaks(ctx: stepline.Context, input: Any) -> Any:
         await ctx.step("prepare", lambda: 1)
 
-        def work() -> str:
+        async def work() -> str:
             if not state["fixed"]:
                 raise stepline.TerminalError("bug in work")
+            if state.get("gate") is not None:
+                await state["gate"].wait()
             return "ok"
 
         return await ctx.step("work", work)
@@ -131,7 +134,8 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
 ) -> None:
     """A bulk retry of failed runs retries each once through the run's own retry: the run's
     history has one ``run.retried`` with ``data.by = operation:<id>``; the operation completes
-    with every run succeeded."""
+    with every run succeeded. The runs and ``stepline_runs_started_total`` say the same
+    trigger, ``bulk``, which the run filter takes."""
     sl = bulk_app()
     async with (
         orchestrator_stack(database_url, bulk_batch_size=4) as stack,
@@ -149,13 +153,17 @@ async def test_bulk_retry_acts_on_each_run_once_and_names_the_operation(
         assert done["endedAt"] is not None and done["errors"] == []
         for r in failed:
             ended = await stack.client.wait_run(r["id"], timeout=30)
-            assert ended["status"] == "completed" and ended["trigger"] == "retry"
+            assert ended["status"] == "completed" and ended["trigger"] == "bulk"
             assert await by_events(stack, r["id"], "run.retried") == [f"operation:{op['id']}"]
             # the run starts again, and that start names the operation too (the first did not)
             assert await by_events(stack, r["id"], "run.started") == [None, f"operation:{op['id']}"]
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(stack.url + "/metrics")).text
         assert 'stepline_runs_started_total{trigger="bulk",workflow="breaks"} 10.0' in metrics
+        assert 'stepline_runs_started_total{trigger="retry"' not in metrics
+        # the filter takes that trigger (they all completed: a cancel matches none of them)
+        by_trigger = await stack.client.bulk_runs("cancel", {"trigger": "bulk"}, dry_run=True)
+        assert by_trigger == {"matched": 0, "sample": []}
 
 
 async def test_bulk_retry_from_step_takes_runs_that_recorded_it(database_url: str) -> None:
@@ -554,3 +562,99 @@ async def test_operation_resumes_after_orchestrator_sigkill_acting_on_each_run_o
     finally:
         _kill(orch)
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def failed_breaks_in(
+    stack: Stack, environment: str, n: int
+) -> AsyncIterator[tuple[str, list[str], dict[str, Any]]]:
+    """A write key of ``environment``, ``n`` failed runs of ``breaks`` there and the state of
+    its app (``bulk_app``, registered in that environment and served until the block ends)."""
+    sl = bulk_app()
+    async with stack.orchestrator.pool.acquire() as conn:
+        env = await keys.find_environment(conn, keys.DEFAULT_PROJECT, environment)
+        assert env is not None
+        key = await keys.create_key(conn, environment, env["id"])
+    async with stepline.AsyncClient(stack.url, api_key=key) as client, app_server(sl) as url:
+        async with stack.orchestrator.pool.acquire() as conn:
+            app = await apps.create(conn, env["id"], "app", url, SECRET)
+            assert app is not None
+        await client.sync_app(app["slug"])
+        runs = [await client.start_run("breaks", {"i": i}) for i in range(n)]
+        ended = [await client.wait_run(r["id"], timeout=30) for r in runs]
+        assert {r["status"] for r in ended} == {"failed"}
+        yield key, [r["id"] for r in runs], sl.state  # type: ignore[attr-defined]
+
+
+async def test_an_operation_held_in_one_environment_lets_another_environments_go(
+    database_url: str,
+) -> None:
+    """Operations take turns, environment by environment: once a big bulk retry in one
+    environment has worked a batch (and waits for room), the next batch goes to a small one
+    created after it in another environment, which completes while the big one has runs left."""
+    async with (
+        orchestrator_stack(database_url) as maker,
+        failed_breaks_in(maker, "production", 6) as (_, big_runs, _),
+        failed_breaks_in(maker, "staging", 2) as (staging_key, _, _),
+    ):
+        pass
+    async with (
+        idle_stack(database_url, bulk_batch_size=2) as idle,
+        stepline.AsyncClient(idle.url, api_key=staging_key) as staging,
+    ):
+        big = await idle.client.bulk_runs("retry", {"workflow": "breaks"})
+        small = await staging.bulk_runs("retry", {"workflow": "breaks"})
+        assert (big["matched"], small["matched"]) == (6, 2)
+        loop = idle.orchestrator.operations
+        assert (await loop.work_once()).done == 2  # the big one's first batch, still due
+        await loop.work_once()
+        done = await staging.get_operation(small["id"])
+        assert (done["status"], done["succeeded"]) == ("completed", 2), done
+        still = await idle.client.get_operation(big["id"])
+        assert (still["status"], still["succeeded"]) == ("running", 2), still
+        assert await by_events(idle, big_runs[2], "run.retried") == []
+
+
+async def test_operations_of_two_environments_go_side_by_side_on_two_orchestrators(
+    database_url: str,
+) -> None:
+    """A big bulk retry in one environment whose retried runs are held in their invocations
+    (so it waits for room), and a small one in another environment created after it: the small
+    one completes while the big one has runs left; then a second orchestrator joins, the runs
+    are let go, the big one completes, and every run of both was retried exactly once, by its
+    operation."""
+    settings = {"bulk_batch_size": 2, "bulk_rest_seconds": 0.0}
+    async with (
+        orchestrator_stack(database_url, **settings) as one,
+        failed_breaks_in(one, "production", 12) as (_, big_runs, production),
+        failed_breaks_in(one, "staging", 2) as (staging_key, small_runs, staging_app),
+        stepline.AsyncClient(one.url, api_key=staging_key) as staging,
+    ):
+        gate = asyncio.Event()
+        production.update(fixed=True, gate=gate)
+        staging_app["fixed"] = True
+        try:
+            big = await one.client.bulk_runs("retry", {"workflow": "breaks"})
+            small = await staging.bulk_runs("retry", {"workflow": "breaks"})
+            done = await ended_operation(Stack(one.orchestrator, one.url, "", staging), small["id"])
+            assert (done["status"], done["succeeded"]) == ("completed", 2), done
+            still = await one.client.get_operation(big["id"])
+            assert still["status"] == "running" and still["succeeded"] < 12, still
+            async with orchestrator_stack(database_url, **settings) as two:
+                gate.set()
+                finished = await ended_operation(two, big["id"])
+        finally:
+            gate.set()
+        assert (finished["status"], finished["succeeded"]) == ("completed", 12), finished
+        conn = await one.conn()
+        try:
+            rows = await conn.fetch(
+                "SELECT run_id, count(*) AS n, min(data->>'by') AS by FROM run_events"
+                " WHERE type = 'run.retried' GROUP BY run_id"
+            )
+        finally:
+            await conn.close()
+        by = {str(r["run_id"]): (r["n"], r["by"]) for r in rows}
+        assert by == {r: (1, f"operation:{big['id']}") for r in big_runs} | {
+            r: (1, f"operation:{small['id']}") for r in small_runs
+        }

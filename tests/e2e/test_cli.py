@@ -53,6 +53,56 @@ def test_dev_runs_the_example_on_embedded_postgres(tmp_path: Path) -> None:
     assert "Run completed" in again
 
 
+@pytest.mark.slow
+def test_dev_prints_a_stepline_line_that_runs_as_printed(tmp_path: Path) -> None:
+    """The `stepline runs list` line `stepline dev` prints runs as printed in a shell whose
+    PATH does not have the command (as after `make dev`, the virtualenv not activated), and
+    lists the demo run."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "app.py").write_text((ROOT / "examples" / "app.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env |= {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONUNBUFFERED": "1",
+        "STEPLINE_PORT": str(free_port()),
+        "STEPLINE_LOG_LEVEL": "warning",
+    }
+    assert shutil.which("stepline", path=env["PATH"]) is None
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "stepline_server.cli.main", "dev", "--app-port", str(free_port())],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert dev.stdout is not None
+        printed = []
+        for line in dev.stdout:
+            printed.append(line)
+            if "runs list" in line:
+                break
+        demo = next(line.split()[2] for line in printed if line.startswith("Demo run "))
+        command = printed[-1].strip()
+        assert "runs list" in command, "".join(printed)
+        done = subprocess.run(
+            ["sh", "-c", command], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        assert demo in done.stdout and "completed" in done.stdout
+    finally:
+        dev.send_signal(signal.SIGINT)
+        try:
+            dev.wait(60)
+        except subprocess.TimeoutExpired:
+            dev.kill()
+            dev.wait()
+        if dev.stdout is not None:
+            dev.stdout.close()
+
+
 def test_migrate_and_keys_create(database_url: str, tmp_path: Path) -> None:
     """`stepline migrate` is idempotent and `stepline keys create` prints a working key last."""
     env = {"DATABASE_URL": database_url, "STEPLINE_LOG_LEVEL": "warning"}

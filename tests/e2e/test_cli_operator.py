@@ -19,7 +19,7 @@ import stepline
 from stepline_server.cli import main as cli_main
 from stepline_server.cli import operate
 from stepline_server.store import apps, keys
-from tests.support import Stack, app_server, orchestrator_stack
+from tests.support import Stack, app_server, orchestrator_stack, until
 
 YEARLY = "0 0 1 1 *"
 
@@ -304,3 +304,99 @@ async def test_exit_codes_of_the_real_command(env: Env) -> None:
     assert done.returncode == 1 and "cannot reach the orchestrator" in done.stderr
     done = await asyncio.to_thread(_command, "runs", "list", "--json", env=keyed)
     assert done.returncode == 0 and json.loads(done.stdout)["runs"] == []
+
+
+async def test_a_run_held_by_a_paused_workflow_says_so(env: Env) -> None:
+    """`workflows list` has a PAUSED column; a run of a paused workflow says it is paused and
+    why it does not move in `runs start --wait` (which gives up, exit 6) and `runs show`, and
+    its JSON says ``heldBy: "pause"``; once resumed it completes and is held by nothing."""
+    keyed = {"STEPLINE_URL": env.stack.url, "STEPLINE_API_KEY": env.stack.api_key}
+    await env.stack.client.pause_workflow("greet")
+    done = await asyncio.to_thread(_command, "workflows", "list", env=keyed)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert "PAUSED" in header.split()
+    paused = {line.split()[0]: line.split()[header.split().index("PAUSED")] for line in rows}
+    assert paused["greet"] == "yes" and paused["charge"] == "no"
+    code, out, err = await cli(
+        env, "runs", "start", "greet", "--input", '{"name": "ada"}', "--wait", "--timeout", "2"
+    )
+    assert code == 6, err
+    assert "running, paused (the workflow or its app is paused)" in err
+    assert "status    running, paused (the workflow or its app is paused)" in out
+    run_id = out.split()[1]
+    done = await asyncio.to_thread(_command, "runs", "show", run_id, env=keyed)
+    assert "status    running, paused (the workflow or its app is paused)" in done.stdout
+    shown = await ok_json(env, "runs", "show", run_id)
+    assert shown["paused"] is True and shown["heldBy"] == "pause"
+    await env.stack.client.resume_workflow("greet")
+    ended = await env.stack.client.wait_run(run_id, timeout=30)
+    assert ended["status"] == "completed" and ended["heldBy"] is None
+
+
+async def test_people_read_the_apps_name_programs_both(database_url: str) -> None:
+    """A run's and a workflow's JSON carry the app's name (``appName``) beside its slug
+    (``app``); `runs show` and `workflows list` show the name."""
+    sl = build_app({})
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        slug = await stack.register(sl, url, name="billing")
+        env = Env(stack, slug, {})
+        keyed = {"STEPLINE_URL": stack.url, "STEPLINE_API_KEY": stack.api_key}
+        run = await stack.client.start_run("greet", {"name": "ada"})
+        assert (run["app"], run["appName"]) == (slug, "billing")
+        ended = await stack.client.wait_run(run["id"], timeout=30)
+        assert (ended["app"], ended["appName"]) == (slug, "billing")
+        listed = (await stack.client.list_runs())["runs"]
+        assert [(r["app"], r["appName"]) for r in listed] == [(slug, "billing")]
+        workflows = (await ok_json(env, "workflows", "list"))["workflows"]
+        assert {(w["app"], w["appName"]) for w in workflows} == {(slug, "billing")}
+        done = await asyncio.to_thread(_command, "runs", "show", run["id"], env=keyed)
+        assert "workflow  greet  (app billing)" in done.stdout, done.stdout
+        done = await asyncio.to_thread(_command, "workflows", "list", env=keyed)
+        assert slug not in done.stdout
+        assert all(line.split()[1] == "billing" for line in done.stdout.splitlines()[1:])
+
+
+async def test_runs_show_says_a_cap_or_an_unreachable_app_holds_a_run(database_url: str) -> None:
+    """A run due while its workflow's concurrency cap is full says it is held by the cap; a run
+    whose app cannot be reached says so (`runs show`, and ``heldBy`` in its JSON)."""
+    sl = stepline.Stepline("whsec_cli_test")
+    gate = asyncio.Event()
+
+    @sl.workflow("single", concurrency=1)
+    async def single(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.step("work", gate.wait)
+
+    async with orchestrator_stack(database_url) as stack:
+        env = Env(stack, "", {})
+        try:
+            async with app_server(sl) as url:
+                await stack.register(sl, url)
+                first = await stack.client.start_run("single", None)
+                await until(
+                    lambda: _step_running(stack, first["id"]), "the first run to be in its step"
+                )
+                second = await stack.client.start_run("single", None)
+                held = await until(lambda: _held(stack, second["id"]), "the second run held")
+                assert held == "concurrency"
+                code, out, _ = await cli(env, "runs", "show", second["id"])
+                assert code == 0
+                assert "status    running, held by its workflow's concurrency cap" in out, out
+                gate.set()
+                assert (await stack.client.wait_run(second["id"], timeout=30))["heldBy"] is None
+            away = await stack.client.start_run("single", None)  # its app is gone now
+            held = await until(lambda: _held(stack, away["id"]), "the run's app unreachable")
+            assert held == "appUnreachable"
+            code, out, _ = await cli(env, "runs", "show", away["id"])
+            assert "status    running, its app could not be reached" in out, out
+        finally:
+            gate.set()
+
+
+async def _step_running(stack: Stack, run_id: str) -> bool:
+    steps = (await stack.client.get_run(run_id))["steps"]
+    return any(s["name"] == "work" and s["status"] == "running" for s in steps)
+
+
+async def _held(stack: Stack, run_id: str) -> str | None:
+    return (await stack.client.get_run(run_id))["heldBy"]  # type: ignore[no-any-return]

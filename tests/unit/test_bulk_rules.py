@@ -140,7 +140,7 @@ def test_a_selection_carries_every_filter_field_in_utc(monkeypatch: pytest.Monke
         ({"status": "asleep"}, "status", "unknown status 'asleep'; one of cancelled, cancelling,"),
         ({"status": []}, "status", "status must name at least one run status"),
         ({"trigger": "cron"}, "trigger",
-         "unknown trigger 'cron'; one of api, schedule, manual, event, parent, retry"),
+         "unknown trigger 'cron'; one of api, schedule, manual, event, parent, retry, bulk"),
         ({"created_after": datetime(2026, 1, 2, tzinfo=UTC),
           "created_before": datetime(2026, 1, 1, tzinfo=UTC)},
          "createdBefore", "createdBefore must be later than createdAfter"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import shlex
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -92,7 +94,9 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
                 print(
                     f"  curl -s '{base}/v1/runs/{run_id}?wait=30s' -H 'Authorization: Bearer {key}'"
                 )
-                print(f"  STEPLINE_API_KEY={key} stepline runs list")
+                print(
+                    f"  STEPLINE_URL={base} STEPLINE_API_KEY={key} {stepline_command()} runs list"
+                )
                 if once:
                     return 0
                 print("\nPress Ctrl-C to stop.")
@@ -102,6 +106,23 @@ async def _dev(settings: Settings, app_port: int, once: bool) -> int:
             user_app.should_exit = True
             api.should_exit = True
             await asyncio.gather(api_task, app_task, return_exceptions=True)
+
+
+def stepline_command() -> str:
+    """This ``stepline`` as a shell here runs it: by name when PATH finds this one, else by its
+    path (relative to the working folder when under it, e.g. ``.venv/bin/stepline`` after
+    ``make dev``, whose virtualenv is not activated)."""
+    script = Path(sys.executable).parent / "stepline"  # the virtualenv's, beside its python
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m stepline_server.cli.main"
+    found = shutil.which("stepline")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "stepline"
+    try:
+        near = script.relative_to(Path.cwd())
+    except ValueError:
+        return shlex.quote(str(script))
+    return shlex.quote(str(near) if len(near.parts) > 1 else f"./{near}")
 
 
 async def _demo(client: stepline.AsyncClient) -> str:

@@ -29,7 +29,8 @@ class OperationStatus(StrEnum):
     CANCELLED = "cancelled"  # stopped by a request; what was done stays done
 
 
-TRIGGERS = ("api", "schedule", "manual", "event", "parent", "retry")
+TRIGGERS = ("api", "schedule", "manual", "event", "parent", "retry", "bulk")
+TRIGGER = "bulk"  # what a run an operation retried says started it (and its metric's label)
 SAMPLE_SIZE = 20  # run ids a dry run shows
 FIRST_ERRORS = 20  # errors an operation shows
 _RUN_KEY_PREFIX = re.compile(r"^[A-Za-z0-9._:-]{0,128}$")

@@ -7,6 +7,8 @@ an operation is worked at a time), each run is acted on through the same store f
 single-run routes (``waits.cancel``, ``waits.retry``) in a savepoint of its own, and the
 outcomes and counters are recorded before the commit. A crash (``kill -9``) before the commit
 undoes the whole batch, which the next batch takes again: each run is acted on once.
+Operations take turns, environment by environment (``operations.claim``): one in another
+environment never waits for a big one to end, and one waiting for room holds up no other.
 
 Between batches the loop rests (``rules.rest_after``), and each batch is sized by
 ``rules.batch_room``: it waits while the dispatcher has a backlog of due runs, and tops up what
@@ -70,7 +72,8 @@ class OperationsLoop:
         self._wakeup = asyncio.Event()
         self._on_acted = on_acted
         self._on_retried = on_retried
-        self._held_since: float | None = None  # since when the next batch has waited for room
+        # since when each operation's next batch has waited for room
+        self._held_since: dict[uuid.UUID, float] = {}
         self._retention_s = retention_days * 86_400
         self._swept_at = 0.0
 
@@ -109,14 +112,17 @@ class OperationsLoop:
         return total
 
     async def work_once(self) -> Batch:
-        """Work one batch of the oldest running operation, as many runs as it has room for
-        (none: ``held``)."""
+        """Work one batch of the running operation whose turn it is, as many runs as it has
+        room for (none: ``held``)."""
         async with self._pool.acquire() as conn:
             batch = await self._batch(conn)
-        if batch.held:
-            self._held_since = self._held_since or time.monotonic()
+        if batch.operation is None:
+            self._held_since.clear()
             return batch
-        self._held_since = None
+        if batch.held:
+            self._held_since.setdefault(batch.operation["id"], time.monotonic())
+            return batch
+        self._held_since.pop(batch.operation["id"], None)
         if batch.done:
             if self._on_acted:
                 self._on_acted()
@@ -154,7 +160,8 @@ class OperationsLoop:
         backlog, _ = await dispatch.backlog(conn)
         window = rules.AHEAD_BATCHES * self._batch_size
         ahead = await operations.ahead(conn, op["id"], window)
-        held = time.monotonic() - self._held_since if self._held_since is not None else 0.0
+        since = self._held_since.get(op["id"])
+        held = time.monotonic() - since if since is not None else 0.0
         size = rules.batch_room(
             self._batch_size,
             backlog=backlog,
@@ -180,7 +187,12 @@ class OperationsLoop:
                     row = await waits.cancel(conn, op["project_id"], item.run_id, by=by)
                 else:
                     row = await waits.retry(
-                        conn, op["project_id"], item.run_id, op["from_step"], by=by
+                        conn,
+                        op["project_id"],
+                        item.run_id,
+                        op["from_step"],
+                        by=by,
+                        trigger=rules.TRIGGER,
                     )
                     if row is not None:
                         batch.retried.append(str(row["workflow"]))

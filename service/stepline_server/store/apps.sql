@@ -95,12 +95,13 @@ UPDATE environments SET definitions_version = definitions_version + 1 WHERE id =
 RETURNING definitions_version;
 
 -- name: list_workflows
-SELECT w.*, a.slug AS app_slug FROM workflows w JOIN apps a ON a.id = w.app_id
+SELECT w.*, a.slug AS app_slug, a.name AS app_name FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND ($2::text IS NULL OR w.name > $2)
 ORDER BY w.name
 LIMIT $3;
 
 -- name: get_workflow
-SELECT w.*, a.url AS app_url, a.slug AS app_slug, a.paused_at AS app_paused_at
+SELECT w.*, a.url AS app_url, a.slug AS app_slug, a.name AS app_name,
+       a.paused_at AS app_paused_at
 FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND w.name = $2;

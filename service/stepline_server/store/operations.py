@@ -83,7 +83,9 @@ async def cancel(conn: Conn, project_id: uuid.UUID, operation_id: uuid.UUID) -> 
 
 
 async def claim(conn: Conn) -> Record | None:
-    """The oldest running operation no one else works a batch of, locked. In a transaction."""
+    """The running operation whose turn it is (environments, then their operations, take
+    turns) among those no one else works a batch of, locked, its turn taken. In a
+    transaction."""
     return await conn.fetchrow(Q["claim_operation"])
 
 

@@ -98,14 +98,27 @@ WHERE project_id = $1 AND id = $2 AND status = 'running'
 RETURNING *;
 
 -- name: claim_operation
--- The oldest running operation no other orchestrator is working a batch of: its row stays
+-- The running operation whose turn it is among those no other orchestrator is working a batch
+-- of, its turn taken now. Environments take turns (the one whose operations had a batch
+-- claimed longest ago first, one with none claimed yet before any), and so do the operations
+-- of an environment, so a big operation never holds up another environment's. Its row stays
 -- locked for the batch, so one batch of an operation is worked at a time and a cancel request
--- waits for it.
-SELECT * FROM operations
-WHERE status = 'running'
-ORDER BY created_at
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
+-- waits for it; its turn is taken even when the batch then waits for room.
+WITH env AS (
+    SELECT project_id, max(turn_at) AS turn_at FROM operations
+    WHERE status = 'running'
+    GROUP BY project_id
+), next AS (
+    SELECT o.id FROM operations o JOIN env ON env.project_id = o.project_id
+    WHERE o.status = 'running'
+    ORDER BY env.turn_at NULLS FIRST, o.turn_at NULLS FIRST, o.created_at, o.id
+    LIMIT 1
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE operations o SET turn_at = now()
+FROM next
+WHERE o.id = next.id
+RETURNING o.*;
 
 -- name: claim_operation_runs
 -- The next $2 runs of operation $1 not acted on yet, locked until the batch's transaction

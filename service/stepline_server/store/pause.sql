@@ -5,7 +5,8 @@
 -- Pauses workflow $2 of environment $1 (again: no change, it keeps when it was paused).
 UPDATE workflows SET paused_at = coalesce(paused_at, now())
 WHERE project_id = $1 AND name = $2
-RETURNING *, (SELECT a.slug FROM apps a WHERE a.id = workflows.app_id) AS app_slug;
+RETURNING *, (SELECT a.slug FROM apps a WHERE a.id = workflows.app_id) AS app_slug,
+          (SELECT a.name FROM apps a WHERE a.id = workflows.app_id) AS app_name;
 
 -- name: resume_workflow
 -- Resumes workflow $2 of environment $1: its runs set aside while it was paused are due again,
@@ -23,6 +24,7 @@ r AS (
     RETURNING runs.id
 )
 SELECT w.*, (SELECT a.slug FROM apps a WHERE a.id = w.app_id) AS app_slug,
+       (SELECT a.name FROM apps a WHERE a.id = w.app_id) AS app_name,
        (SELECT count(*) FROM r) AS resumed, pg_notify('stepline_wake', '')
 FROM w;
 

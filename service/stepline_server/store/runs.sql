@@ -10,7 +10,7 @@
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
 WITH w AS (
-    SELECT w.app_id, w.options, w.version, a.slug, a.kind = 'pull' AS pull
+    SELECT w.app_id, w.options, w.version, a.slug, a.name, a.kind = 'pull' AS pull
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
@@ -39,18 +39,18 @@ e AS (
     INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
     SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
 )
-SELECT r.*, w.slug AS app_slug,
+SELECT r.*, w.slug AS app_slug, w.name AS app_name,
        CASE WHEN $12::boolean OR w.pull THEN pg_notify('stepline_wake', '') END
 FROM r, w;
 
 -- name: get_run_by_key
-SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+SELECT r.*, a.slug AS app_slug, a.name AS app_name FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.run_key = $2;
 
 -- name: get_run
 -- The run, its app's slug, the deployment of its last invocation that named one and the SLA
 -- of its schedule.
-SELECT r.*, a.slug AS app_slug,
+SELECT r.*, a.slug AS app_slug, a.name AS app_name,
        (SELECT e.deployment_id FROM run_events e
         WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
         ORDER BY e.seq DESC LIMIT 1) AS deployment_id,
@@ -68,7 +68,7 @@ WHERE s.run_id = $1 ORDER BY s.position;
 -- name: search_runs
 -- Runs of project $1 newest first, by workflow $2, status $3, run key $4 exact or $10 as a
 -- prefix, created in [$5, $6), before the keyset cursor ($7, $8); at most $9.
-SELECT r.*, a.slug AS app_slug,
+SELECT r.*, a.slug AS app_slug, a.name AS app_name,
        (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1
@@ -170,7 +170,7 @@ RETURNING *;
 
 -- name: active_singleton
 -- The run of workflow $2 (project $1) not ended whose singleton key is input $3's field $4.
-SELECT r.*, a.slug AS app_slug FROM runs r JOIN apps a ON a.id = r.app_id
+SELECT r.*, a.slug AS app_slug, a.name AS app_name FROM runs r JOIN apps a ON a.id = r.app_id
 WHERE r.project_id = $1 AND r.workflow = $2 AND r.ended_at IS NULL
   AND r.singleton_key = (CASE WHEN jsonb_typeof($3::jsonb) = 'object'
                               THEN $3::jsonb ->> $4::text END);

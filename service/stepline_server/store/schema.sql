@@ -486,12 +486,14 @@ CREATE TABLE operations (
     skipped integer NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now(),
     ended_at timestamptz,
+    turn_at timestamptz,
     CHECK ((status = 'running') = (ended_at IS NULL)),
     CHECK ((action = 'retryFromStep') = (from_step IS NOT NULL))
 );
 COMMENT ON TABLE operations IS 'A bulk action over the runs a filter matched at creation (operation_runs).';
 COMMENT ON COLUMN operations.status IS 'running: runs left to act on; completed: every run acted on or skipped; cancelled: stopped by a request, what was done stays done.';
 COMMENT ON COLUMN operations.succeeded IS 'Counters kept in the transaction that acts on each batch of runs.';
+COMMENT ON COLUMN operations.turn_at IS 'When a batch of it was last claimed (NULL: never); the claims take environments, then their operations, in turn by it.';
 CREATE INDEX operations_created ON operations (project_id, created_at DESC, id DESC);
 CREATE INDEX operations_running ON operations (created_at) WHERE status = 'running';
 CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;

@@ -157,22 +157,29 @@ async def retry(
     from_step: str | None,
     *,
     by: str | None = None,
+    trigger: str = "retry",
 ) -> Record | None:
     """Run an ended run again, keeping the steps recorded before its first failed or unfinished
     one (and before ``from_step``, if given: a completed run may be reset so); its trigger
-    becomes ``retry``. The API, the dashboard and bulk operations all retry through here.
+    becomes ``trigger`` (``bulk`` for a bulk operation's). The API, the dashboard and bulk
+    operations all retry through here.
     ``by`` names who asked in its ``run.retried`` and ``run.started`` events (``data.by``: a
     bulk operation).
     RuleError when its state does not allow it, or another run holds its singleton key."""
     try:
-        return await _retry(conn, project_id, run_id, from_step, by)
+        return await _retry(conn, project_id, run_id, from_step, by, trigger)
     except UniqueViolationError:  # another retry took the singleton key at the same moment
         holder = await conn.fetchval(Q["singleton_holder"], run_id)
         raise rules.RuleError(rules.singleton_taken(holder)) from None
 
 
 async def _retry(
-    conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID, from_step: str | None, by: str | None
+    conn: Conn,
+    project_id: uuid.UUID,
+    run_id: uuid.UUID,
+    from_step: str | None,
+    by: str | None,
+    trigger: str,
 ) -> Record | None:
     async with conn.transaction():
         run = await conn.fetchrow(Q["lock_run"], project_id, run_id)
@@ -186,7 +193,7 @@ async def _retry(
                 raise rules.RuleError(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
-        return await dispatch.restart(conn, run_id, position, from_step, trigger="retry", by=by)
+        return await dispatch.restart(conn, run_id, position, from_step, trigger=trigger, by=by)
 
 
 async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
