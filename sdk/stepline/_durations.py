@@ -57,3 +57,26 @@ def _non_negative(seconds: float) -> float:
 def to_ms(value: Duration) -> int:
     """Return ``value`` in whole milliseconds."""
     return round(parse_duration(value) * 1000)
+
+
+def in_words(seconds: float) -> str:
+    """Seconds as a person says them: ``850 ms``, ``3.4 s``, ``2 min 5 s``, ``3 h 20 min``,
+    ``7 days``; the second unit only when it is not zero."""
+    if seconds < 0.9995:
+        return f"{round(max(0.0, seconds) * 1000)} ms"
+    if seconds < 9.95:
+        return f"{seconds:.1f}".removesuffix(".0") + " s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes == 0:
+        return f"{secs} s"
+    if minutes < 60:
+        return _two(minutes, "min", secs, "s")
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return _two(hours, "h", minutes, "min")
+    days, hours = divmod(hours, 24)
+    return _two(days, "day" if days == 1 else "days", hours, "h")
+
+
+def _two(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")

@@ -281,7 +281,7 @@ async def test_the_run_page_shows_its_log_lines_beside_the_steps_as_text(env: En
     assert await page.locator("#bold").count() == 0
     assert await page.evaluate("window.pwned") is None
     await page.goto(f"{env.stack.url}/ui/schedules")
-    assert await page.inner_text("td.sla") == "1m30s"
+    assert await page.inner_text("td.sla") == "1 min 30 s"
 
 
 async def test_the_run_page_says_which_generation_a_continued_run_is_in(env: Env) -> None:

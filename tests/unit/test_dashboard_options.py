@@ -1,5 +1,5 @@
 """The workflows page's options in words: every option the SDK registers said as a sentence,
-durations as the CLI writes them, anything unknown still shown."""
+durations in words, anything unknown still shown."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def test_every_registered_option_reads_as_words() -> None:
         )
     )
     assert lines == {
-        "retries": "5 attempts, waits 500ms, growing 3x to at most 1m00s",
-        "timeout": "30d00h",
-        "rate limit": "100 run(s) start per 1m00s per accountId",
+        "retries": "5 attempts, waits 500 ms, growing 3x to at most 1 min",
+        "timeout": "30 days",
+        "rate limit": "100 run(s) start per 1 min per accountId",
         "singleton": "one run at a time per userId",
         "started by event": "user.signed_up",
-        "schedule": "0 * * * * (Europe/Paris), SLA 30.0s",
-        "delivery window": "1h00m",
+        "schedule": "0 * * * * (Europe/Paris), SLA 30 s",
+        "delivery window": "1 h",
         "input": "typed (Order)",
         "somethingNew": '{"x": 1}',
     }

@@ -1,19 +1,19 @@
 """A workflow's registered options as a person reads them (``retries: 3 attempts, …``), for the
-workflows page: each option a short sentence, durations as the CLI prints them."""
+workflows page: each option a short sentence, durations in words."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from stepline_server.cli.output import duration
+from stepline._durations import in_words
 
 # Options said together with another one, not on their own line.
 _FOLDED = frozenset({"concurrencyKey"})
 
 
 def _ms(value: Any) -> str:
-    return duration(float(value) / 1000) if isinstance(value, int | float) else str(value)
+    return in_words(float(value) / 1000) if isinstance(value, int | float) else str(value)
 
 
 def _schema(value: Any) -> str:

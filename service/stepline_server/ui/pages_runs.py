@@ -181,6 +181,7 @@ async def _run(r: Req) -> dict[str, Any] | None:
         "events": events,
         "invocations": timeline.invocations(events),
         "bars": timeline.bars(run),
+        "tries": timeline.try_bars(run, timeline.tries(events)),
         "children": children,
         "waiting": [s for s in run["steps"] if s.get("callbackId") and s["status"] == "waiting"],
     }

@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
-from stepline_server.cli.output import duration
+from stepline._durations import in_words
 from stepline_server.ui import options
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -39,17 +39,17 @@ def _took(start: str | None, end: str | None) -> str:
         return "-"
     a = datetime.fromisoformat(start.replace("Z", "+00:00"))
     b = datetime.fromisoformat(end.replace("Z", "+00:00")) if end else datetime.now(UTC)
-    return duration(max(0.0, (b - a).total_seconds())) + ("" if end else "…")
+    return in_words((b - a).total_seconds()) + ("" if end else "…")
 
 
 def _elapsed(start: str | None) -> str:
-    """How long since ``start``, as the CLI says durations."""
+    """How long since ``start``, in words."""
     return _took(start, None).removesuffix("…")
 
 
 def _ms(value: float | None) -> str:
-    """Milliseconds as the CLI says durations (``30.0s``, ``1m30s``); ``-`` for none."""
-    return "-" if value is None else duration(max(0.0, value / 1000))
+    """Milliseconds in words (``30 s``, ``1 min 30 s``); ``-`` for none."""
+    return "-" if value is None else in_words(value / 1000)
 
 
 def _tail(value: str) -> str:
