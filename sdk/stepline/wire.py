@@ -1,4 +1,4 @@
-"""What the orchestrator shares with the SDK: the wire's JSON rules, durations, request signing
+"""What the orchestrator shares with the SDK: the wire's JSON rules, durations (read and written in words), request signing
 and the keep-alive HTTP client for progress calls and invocations.
 
 The server imports these names from here and never from the SDK's private modules, so the SDK may
@@ -7,7 +7,7 @@ rearrange its insides without breaking the orchestrator; ``__all__`` is the whol
 
 from __future__ import annotations
 
-from stepline._durations import parse_duration, to_ms
+from stepline._durations import in_words, parse_duration, to_ms
 from stepline._http import HttpClient, HttpError
 from stepline._json import MAX_DEPTH, loads, payload_problem, payload_problem_at
 from stepline._signing import sign
@@ -16,6 +16,7 @@ __all__ = [
     "MAX_DEPTH",
     "HttpClient",
     "HttpError",
+    "in_words",
     "loads",
     "parse_duration",
     "payload_problem",

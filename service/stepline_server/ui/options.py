@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepline._durations import in_words
+from stepline.wire import in_words
 
 # Options said together with another one, not on their own line.
 _FOLDED = frozenset({"concurrencyKey"})

@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
-from stepline._durations import in_words
+from stepline.wire import in_words
 from stepline_server.ui import options
 
 TEMPLATES = Path(__file__).parent / "templates"
