@@ -1,5 +1,6 @@
-"""What the orchestrator shares with the SDK: the wire's JSON rules, durations (read and written in words), request signing
-and the keep-alive HTTP client for progress calls and invocations.
+"""What the orchestrator shares with the SDK: the wire's JSON rules, durations (read, and
+written in words), request signing and the keep-alive HTTP client for progress calls and
+invocations.
 
 The server imports these names from here and never from the SDK's private modules, so the SDK may
 rearrange its insides without breaking the orchestrator; ``__all__`` is the whole promise.
