@@ -2,7 +2,7 @@
 and runs each with the same engine as the ASGI handler, keeping its lease with heartbeats and
 sending the answer back. It needs no inbound port: every call goes out to the orchestrator.
 
-``stepline worker MODULE:ATTR --app NAME`` runs one (see :mod:`stepline._cli`).
+``stepline worker MODULE:ATTR --app NAME`` runs one (see :mod:`stepline.cli.main`).
 """
 
 from __future__ import annotations

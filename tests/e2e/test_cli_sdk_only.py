@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import stepline
-from stepline._cli import MISSING_EXTRA
+from stepline.cli.main import MISSING_EXTRA
 from stepline_server.store import keys
 from tests.support import Stack, app_server, orchestrator_stack
 

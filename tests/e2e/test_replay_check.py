@@ -264,7 +264,7 @@ async def test_bad_usage_api_errors_and_the_sdk_alone(database_url: str, modules
             "import sys\n"
             "for name in ('stepline_server', 'asyncpg', 'structlog', 'uvicorn', 'starlette'):\n"
             "    sys.modules[name] = None\n"
-            "from stepline._cli import main\n"
+            "from stepline.cli.main import main\n"
             "sys.exit(main())\n",
         ]  # fmt: skip
         done = await replay_check(stack, modules, "flow_unchanged:sl", command=sdk_only)

@@ -7,7 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from stepline import _cli
+from stepline.cli import main as sdk_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WITHOUT_STRUCTLOG = """
 import sys
 sys.modules["structlog"] = None
-from stepline._cli import main
+from stepline.cli.main import main
 sys.exit(main())
 """
 
@@ -34,7 +34,7 @@ def test_the_command_points_at_the_sdk_shim() -> None:
     """pyproject's ``stepline`` script is the SDK's shim, not the orchestrator's module."""
     with (ROOT / "pyproject.toml").open("rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts["stepline"] == "stepline._cli:main"
+    assert scripts["stepline"] == "stepline.cli.main:main"
 
 
 def test_without_the_server_extra_help_works_and_server_commands_say_what_to_install() -> None:
@@ -48,13 +48,13 @@ def test_without_the_server_extra_help_works_and_server_commands_say_what_to_ins
     for command in ("serve", "dev", "migrate"):
         done = _run(WITHOUT_STRUCTLOG, command)
         assert done.returncode == 2
-        assert done.stderr.strip() == _cli.MISSING_EXTRA.format(command=command)
+        assert done.stderr.strip() == sdk_cli.MISSING_EXTRA.format(command=command)
         assert "pip install 'stepline[server]'" in done.stderr
         assert "Traceback" not in done.stderr
 
 
 def test_with_the_server_extra_the_command_runs() -> None:
     """With everything installed, ``stepline --help`` prints the orchestrator's help, exit 0."""
-    done = _run("import sys; from stepline._cli import main; sys.exit(main())", "--help")
+    done = _run("import sys; from stepline.cli.main import main; sys.exit(main())", "--help")
     assert done.returncode == 0, done.stderr
     assert "migrate" in done.stdout and "worker" in done.stdout

@@ -13,7 +13,7 @@ import pytest
 
 import stepline
 from stepline._worker import Worker
-from stepline._worker_cli import configure_logging
+from stepline.cli.worker import configure_logging
 from stepline_server.api.app import build_app
 from stepline_server.cli import servers, tenancy
 from stepline_server.orchestrator import Orchestrator

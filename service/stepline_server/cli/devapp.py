@@ -18,7 +18,7 @@ import traceback
 
 import uvicorn
 
-from stepline import _replaycheck
+from stepline.cli import replaycheck
 from stepline_server.cli import servers
 
 SECRET_VARIABLE = "STEPLINE_SIGNING_SECRET"
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args(argv)
     try:
-        sl = _replaycheck.load(args.target)
-    except _replaycheck.UsageError as exc:
+        sl = replaycheck.load(args.target)
+    except replaycheck.UsageError as exc:
         print(f"stepline dev: {exc}", file=sys.stderr, flush=True)
         return IMPORT_FAILED
     except Exception:  # the user's module raised while importing: show where

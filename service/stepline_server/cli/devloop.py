@@ -156,7 +156,7 @@ class Loop:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "import sys; from stepline._replaycheck import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from stepline.cli.replaycheck import main; sys.exit(main(sys.argv[1:]))",
             *argv,
             "--api-key",
             self.key,

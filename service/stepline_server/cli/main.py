@@ -1,6 +1,6 @@
 """The orchestrator's part of the ``stepline`` command: ``serve``, ``dev``, ``migrate`` and
 ``projects``/``environments``/``keys`` on the local database. The command itself (its parser,
-the REST-only commands) is the SDK's :mod:`stepline._cli`, so that it works without the
+the REST-only commands) is the SDK's :mod:`stepline.cli.main`, so that it works without the
 server extra."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from stepline import _cli
+from stepline.cli import main as sdk_cli
 from stepline_server import logs, multiproc
 from stepline_server.cli import tenancy
 from stepline_server.settings import Settings, from_env
@@ -92,7 +92,7 @@ def _run(coro: object) -> None:
 
 def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``serve``, ``dev`` and ``migrate``."""
-    serve = sub.add_parser("serve", help=_cli.SERVER_COMMANDS["serve"])
+    serve = sub.add_parser("serve", help=sdk_cli.SERVER_COMMANDS["serve"])
     serve.add_argument("--host", help="address to listen on [STEPLINE_HOST, 127.0.0.1]")
     serve.add_argument("--port", type=int, help="port to listen on [STEPLINE_PORT, 8400]")
     serve.add_argument(
@@ -115,17 +115,17 @@ def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     dev.add_argument("--watch", action="append", default=[], help="folder to watch (repeatable)")
     dev.add_argument("--check", metavar="MODULE:ATTR", help="code replay-check runs against")
     dev.add_argument("--once", action="store_true", help="exit after the demo run or first sync")
-    sub.add_parser("migrate", help=_cli.SERVER_COMMANDS["migrate"])
+    sub.add_parser("migrate", help=sdk_cli.SERVER_COMMANDS["migrate"])
 
 
 def parser() -> argparse.ArgumentParser:
     """The whole ``stepline`` command's parser, this module's commands included."""
-    return _cli.parser(sys.modules[__name__])
+    return sdk_cli.parser(sys.modules[__name__])
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a ``stepline`` command (see :func:`stepline._cli.main`)."""
-    return _cli.main(argv)
+    """Run a ``stepline`` command (see :func:`stepline.cli.main.main`)."""
+    return sdk_cli.main(argv)
 
 
 def run(args: argparse.Namespace) -> int:

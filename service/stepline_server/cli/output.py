@@ -1,9 +1,9 @@
-"""How the operator commands print: moved to the SDK (``stepline._cli_output``) so that an app's
+"""How the operator commands print: moved to the SDK (``stepline.cli.output``) so that an app's
 install has the REST-only commands; this name stays for the orchestrator's own code."""
 
 from __future__ import annotations
 
-from stepline._cli_output import (
+from stepline.cli.output import (
     as_json,
     cell,
     duration,

@@ -1,6 +1,6 @@
 """``stepline projects``, ``environments`` and ``keys`` on the database, beside a running
 orchestrator (which they never stop), so the first keys can be made (their arguments:
-:mod:`stepline._cli_tenancy`, which also runs them over REST)."""
+:mod:`stepline.cli.tenancy`, which also runs them over REST)."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from stepline import _cli_output as output
-from stepline._cli_operate import DEFAULT_URL
 from stepline._client import ApiError, Client
+from stepline.cli import output
+from stepline.cli.operate import DEFAULT_URL
 
 ROLES = ("owner", "admin", "write", "read")
 

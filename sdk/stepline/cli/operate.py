@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from stepline import _cli_bulk as bulk
-from stepline import _cli_output as output
-from stepline._cli_runs import (
+from stepline._client import ApiError, Client
+from stepline.cli import bulk, output
+from stepline.cli.runs import (
     DEFAULT_URL,
     ENDED,
     EXIT,
@@ -40,7 +40,6 @@ from stepline._cli_runs import (
     runs_start,
     runs_wait,
 )
-from stepline._client import ApiError, Client
 
 __all__ = [
     "DEFAULT_URL",

@@ -7,10 +7,10 @@ import argparse
 import time
 from typing import TextIO
 
-from stepline import _cli_output as output
-from stepline._cli_operate import common_arguments
-from stepline._cli_runs import Command, UsageError
 from stepline._client import Client
+from stepline.cli import output
+from stepline.cli.operate import common_arguments
+from stepline.cli.runs import Command, UsageError
 
 TYPES = (
     "run.failed",

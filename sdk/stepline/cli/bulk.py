@@ -13,8 +13,8 @@ import argparse
 import time
 from typing import Any, TextIO
 
-from stepline import _cli_output as output
 from stepline._client import Client
+from stepline.cli import output
 
 try:  # the bar is drawn by tqdm when it is installed (the server extra has it)
     from tqdm import tqdm

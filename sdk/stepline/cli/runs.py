@@ -1,4 +1,4 @@
-"""The ``runs`` commands of the CLI (see :mod:`stepline._cli_operate`): list, show, events,
+"""The ``runs`` commands of the CLI (see :mod:`stepline.cli.operate`): list, show, events,
 logs, start, wait, cancel, retry. ``runs start --wait`` and ``runs wait`` exit with
 :data:`EXIT` for how the run ended (0 only when it completed), :data:`GAVE_UP` when they stopped
 waiting first."""
@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from stepline import _cli_bulk as bulk
-from stepline import _cli_output as output
 from stepline._client import Client
+from stepline.cli import bulk, output
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timedOut"})
 FOLLOW_POLL_SECONDS = 0.5

@@ -11,7 +11,8 @@ import importlib
 import sys
 from types import ModuleType
 
-from stepline import _cli_alerts, _cli_operate, _cli_tenancy, _replaycheck, _worker_cli
+from stepline.cli import alerts, operate, replaycheck, tenancy
+from stepline.cli import worker as worker_cli
 
 MISSING_EXTRA = (
     "stepline {command}: needs the orchestrator, which is the server extra:"
@@ -76,18 +77,18 @@ def parser(server: ModuleType | None) -> argparse.ArgumentParser:
             missing = sub.add_parser(name, help=f"{help} (needs the server extra)", add_help=False)
             missing.add_argument("rest", nargs=argparse.REMAINDER)
             missing.set_defaults(missing_extra=True)
-    _cli_tenancy.add_commands(sub)
-    _cli_operate.add_commands(sub)
-    _cli_alerts.add_commands(sub)
-    check = sub.add_parser("replay-check", help=_replaycheck.HELP, description=_replaycheck.HELP)
-    _replaycheck.add_arguments(check)
-    check.set_defaults(sdk_command=_replaycheck.run)
+    tenancy.add_commands(sub)
+    operate.add_commands(sub)
+    alerts.add_commands(sub)
+    check = sub.add_parser("replay-check", help=replaycheck.HELP, description=replaycheck.HELP)
+    replaycheck.add_arguments(check)
+    check.set_defaults(sdk_command=replaycheck.run)
     worker = sub.add_parser(
         "worker", help="run a pull app's worker (polls for its invocations)",
-        description=_worker_cli.HELP,
+        description=worker_cli.HELP,
     )  # fmt: skip
-    _worker_cli.add_arguments(worker)
-    worker.set_defaults(sdk_command=_worker_cli.run)
+    worker_cli.add_arguments(worker)
+    worker.set_defaults(sdk_command=worker_cli.run)
     return p
 
 
@@ -102,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "sdk_command", None):
         return int(args.sdk_command(args))
     if getattr(args, "operate", None):
-        return _cli_operate.run(args)
-    if args.command in ("projects", "environments", "keys") and _cli_tenancy.over_rest(args):
-        return _cli_tenancy.run(args)
+        return operate.run(args)
+    if args.command in ("projects", "environments", "keys") and tenancy.over_rest(args):
+        return tenancy.run(args)
     if server is None:
         print(MISSING_EXTRA.format(command=args.command), file=sys.stderr)
         return 2
