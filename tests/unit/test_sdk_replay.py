@@ -238,6 +238,25 @@ async def test_event_data_or_none_after_timeout() -> None:
     assert other.output is None
 
 
+async def test_test_events_are_keyed_by_event_name_or_by_step_name() -> None:
+    """testing.run(events=...) takes the event's name or the waiting step's name as the key;
+    with both, the step's entry wins (two waits for one event may get different data)."""
+    sl = make()
+
+    @sl.workflow("two-waits")
+    async def wf(ctx: stepline.Context, input: Any) -> Any:
+        first = await ctx.wait_for_event("first", event="paid", timeout="1d")
+        second = await ctx.wait_for_event("second", event="paid", timeout="1d")
+        return [first, second]
+
+    by_event = await testing.run(sl, "two-waits", events={"paid": {"n": 1}})
+    assert by_event.output == [{"n": 1}, {"n": 1}]
+    by_step = await testing.run(sl, "two-waits", events={"second": {"n": 2}})
+    assert by_step.output == [None, {"n": 2}]
+    both = await testing.run(sl, "two-waits", events={"paid": {"n": 1}, "first": {"n": 0}})
+    assert both.output == [{"n": 0}, {"n": 1}]
+
+
 async def test_child_workflow_output_and_failure() -> None:
     """ctx.invoke returns a child's output, and raises ChildWorkflowFailed when it fails."""
     sl = make()
