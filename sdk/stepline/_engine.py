@@ -89,11 +89,14 @@ class Invocation:
         if model is not None:
             try:
                 given = model.model_validate(self.request.input)
-            except pydantic.ValidationError as exc:
+            except Exception as exc:
+                # Whatever a validator raises (pydantic lets through all but ValueError and
+                # AssertionError), input the workflow refuses fails the run: no retry fixes it.
+                detail = str(exc) if isinstance(exc, pydantic.ValidationError) else repr(exc)
                 info = protocol.ErrorInfo(
-                    type="ValidationError",
+                    type=type(exc).__name__,
                     code="validation_failed",
-                    message=f"the run's input is not a valid {model.__name__}: {exc}",
+                    message=f"the run's input is not a valid {model.__name__}: {detail}",
                 )
                 return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=info)
         else:

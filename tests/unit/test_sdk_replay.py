@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
+
 import stepline
 from stepline import testing
 
@@ -374,3 +376,39 @@ async def test_a_replayed_gather_is_not_taken_for_reordered_steps() -> None:
         "a1", "b1", "a2", "nap", "after",
     ]  # fmt: skip
     assert result.step_calls == {"a1": 1, "a2": 1, "b1": 1, "after": 1}
+
+
+class Refused(Exception):
+    """A validator's own exception class (pydantic lets it through, unlike ValueError)."""
+
+
+class KnownOrder(pydantic.BaseModel):
+    orderId: str
+
+    @pydantic.field_validator("orderId")
+    @classmethod
+    def known(cls, value: str) -> str:
+        if value.startswith("x"):
+            raise Refused(f"no such order {value}")
+        return value
+
+
+async def test_input_the_model_refuses_fails_the_run_whatever_the_exception() -> None:
+    """A validator of the input model raising its own exception fails the run at once with
+    validation_failed naming it, as a ValidationError does; the workflow never runs."""
+    sl = make()
+    ran: list[str] = []
+
+    @sl.workflow("ship")
+    async def ship(ctx: stepline.Context, input: KnownOrder) -> str:
+        ran.append(input.orderId)
+        return input.orderId
+
+    refused = await testing.run(sl, "ship", {"orderId": "x1"})
+    assert refused.status == "failed" and refused.error is not None
+    assert refused.error.code == "validation_failed" and refused.error.type == "Refused"
+    assert "no such order x1" in refused.error.message and "KnownOrder" in refused.error.message
+    invalid = await testing.run(sl, "ship", {"orderId": 7})
+    assert invalid.status == "failed" and invalid.error is not None
+    assert invalid.error.code == "validation_failed"
+    assert ran == []
