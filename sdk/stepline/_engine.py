@@ -30,6 +30,7 @@ from stepline._errors import (
     StepFailed,
     TerminalError,
     error_info,
+    users_exc_info,
 )
 from stepline._history import thaw
 from stepline._logs import capturing
@@ -318,7 +319,7 @@ class Invocation:
             op.name,
             attempt,
             self.request.run_id,
-            exc_info=exc,
+            exc_info=users_exc_info(exc),
             extra={"step": op.name, "attempt": attempt, "run_id": self.request.run_id},
         )
         if isinstance(exc, TerminalError) or attempt >= retries.attempts:
@@ -399,7 +400,7 @@ class Invocation:
             "workflow_failed: workflow %r, run %s",
             workflow,
             run_id,
-            exc_info=exc,
+            exc_info=users_exc_info(exc),
             extra={"workflow": workflow, "run_id": run_id, "attempt": self.request.attempt},
         )
 
