@@ -120,6 +120,7 @@ class Context:
         self.fatal: SteplineError | None = None
         self._fetch = fetch
         self.fetching: set[asyncio.Task[Any]] = set()  # results being fetched by reference
+        self.branches: set[asyncio.Task[Any]] = set()  # the tasks that awaited a ctx future
         self._fetched: dict[str, Any] = {}  # results fetched by reference, by step name
         self.lost: Exception | None = None  # a fetch failed: the invocation cannot go on
         self.continued: _ContinueAsNew | None = None
@@ -446,6 +447,9 @@ class Context:
         return future
 
     async def _wait(self, future: asyncio.Future[Any]) -> Any:
+        branch = asyncio.current_task()
+        if branch is not None:
+            self.branches.add(branch)
         self.activity += 1
         self.waiting += 1
         try:
@@ -537,6 +541,7 @@ class Context:
         self._futures = [f for f in self._futures if not f.done()]
         self.blocked = [f for f in self.blocked if not f.done()]
         self.waits = {n: w for n, w in self.waits.items() if not w[1].done()}
+        self.branches = {task for task in self.branches if not task.done()}
 
     def close(self) -> None:
         """End this execution: further ctx calls raise ``_Suspended``; pending waits end."""

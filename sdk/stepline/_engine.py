@@ -7,6 +7,8 @@ which the steps run concurrently and their results are buffered in turn. When no
 nothing is new, the invocation answers ``suspended`` with what is still buffered. A result that
 came by reference is fetched while the workflow waits for it (the engine waits too); a
 workflow that calls ``ctx.continue_as_new`` answers ``continued`` with the next input.
+An execution the invocation lets go is stopped before it answers, so nothing of it is left
+pending when the host closes the event loop right after (as serverless runtimes do).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pydantic
 
-from stepline import _json, _tracing, protocol
+from stepline import _json, _loops, _tracing, protocol
 from stepline._context import Context, _Op
 from stepline._durations import to_ms
 from stepline._errors import (
@@ -28,6 +30,7 @@ from stepline._errors import (
     StepFailed,
     TerminalError,
     error_info,
+    users_exc_info,
 )
 from stepline._history import thaw
 from stepline._logs import capturing
@@ -43,6 +46,9 @@ QUIET_YIELDS = 16
 
 FOREIGN_AWAIT_POLL = 0.005
 """Seconds to let a workflow that awaits something other than ctx (no branch is blocked on ctx)."""
+
+STOP_SECONDS = 1.0
+"""How long an answer waits, at most, for the execution it let go to stop."""
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -76,6 +82,7 @@ class Invocation:
         self.progress_calls = 0
         self.running: set[asyncio.Task[None]] = set()
         self.task: asyncio.Future[Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop the execution runs on
 
     async def run(self) -> protocol.InvokeResponse:
         """Drive the workflow to its answer. Raises ``OrchestratorUnavailable`` when stuck."""
@@ -83,16 +90,20 @@ class Invocation:
         if model is not None:
             try:
                 given = model.model_validate(self.request.input)
-            except pydantic.ValidationError as exc:
+            except Exception as exc:
+                # Whatever a validator raises (pydantic lets through all but ValueError and
+                # AssertionError), input the workflow refuses fails the run: no retry fixes it.
+                detail = str(exc) if isinstance(exc, pydantic.ValidationError) else repr(exc)
                 info = protocol.ErrorInfo(
-                    type="ValidationError",
+                    type=type(exc).__name__,
                     code="validation_failed",
-                    message=f"the run's input is not a valid {model.__name__}: {exc}",
+                    message=f"the run's input is not a valid {model.__name__}: {detail}",
                 )
                 return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=info)
         else:
             given = self.request.input
         coro = self.definition.fn(self.ctx, given)
+        self.loop = asyncio.get_running_loop()
         self.task = asyncio.ensure_future(coro)
         self.task.add_done_callback(_retrieve)
         return await self._go(self.task)
@@ -101,7 +112,7 @@ class Invocation:
         try:
             return await self._drive(task)
         except StaleInvocation:
-            self._abandon()
+            await self._stop()
             return protocol.InvokeResponse(status=InvokeStatus.STALE)
         except BaseException:
             self._abandon()
@@ -152,9 +163,22 @@ class Invocation:
         return await self._go(self.task)
 
     def abandon(self) -> None:
-        """Let a parked execution go (its run will replay if it is invoked again here)."""
+        """Let a parked execution go (its run will replay if it is invoked again here), on its
+        own loop: at once, or soon when that loop runs in another thread; when that loop is
+        closed, its tasks are released without it (see :mod:`stepline._loops`)."""
         self.parked = False
-        self._abandon()
+        loop = self.loop
+        if loop is not None and loop.is_running() and loop is not _loops.running():
+            try:
+                loop.call_soon_threadsafe(self._abandon)
+                return
+            except RuntimeError:
+                pass  # closed meanwhile
+        if loop is not None and loop.is_closed():
+            self.ctx.closed = True
+            _loops.release_tasks([self.task, *self.running, *self.ctx.branches])
+        else:
+            self._abandon()
 
     async def _fetch_result(self, record: protocol.StepRecord) -> Any:
         return await self.sender.result(self.request, record)
@@ -202,7 +226,7 @@ class Invocation:
                 self.parked = True  # alive until the next invocation goes on with it
                 self.sent = {update.name for update in answer.updates}
             else:
-                self._abandon()
+                await self._stop()
             return answer
 
     async def _settle(self, task: asyncio.Future[Any]) -> None:
@@ -295,7 +319,7 @@ class Invocation:
             op.name,
             attempt,
             self.request.run_id,
-            exc_info=exc,
+            exc_info=users_exc_info(exc),
             extra={"step": op.name, "attempt": attempt, "run_id": self.request.run_id},
         )
         if isinstance(exc, TerminalError) or attempt >= retries.attempts:
@@ -376,7 +400,7 @@ class Invocation:
             "workflow_failed: workflow %r, run %s",
             workflow,
             run_id,
-            exc_info=exc,
+            exc_info=users_exc_info(exc),
             extra={"workflow": workflow, "run_id": run_id, "attempt": self.request.attempt},
         )
 
@@ -392,3 +416,11 @@ class Invocation:
         for task in (self.task, *self.running):
             if task is not None and not task.done():
                 task.cancel()
+
+    async def _stop(self) -> None:
+        """:meth:`_abandon`, then let the execution's tasks end (for ``STOP_SECONDS`` at most)."""
+        self._abandon()
+        tasks = {t for t in (self.task, *self.running, *self.ctx.branches) if t is not None}
+        pending = {task for task in tasks if not task.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=STOP_SECONDS)

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import os
 import traceback
+from types import TracebackType
 from typing import Any
 
 from stepline import protocol
@@ -206,6 +207,26 @@ def format_traceback(exc: BaseException) -> str:
         return text
     keep = MAX_TRACEBACK_BYTES - len(_CUT.encode())
     return _CUT + data[-keep:].decode("utf-8", "ignore")
+
+
+def users_exc_info(
+    exc: BaseException,
+) -> tuple[type[BaseException], BaseException, TracebackType | None]:
+    """``exc`` as ``logging``'s ``exc_info`` with a traceback of the user's frames only (as
+    :func:`format_traceback` records it; all of them when none is the user's), so the app's
+    log shows where the user's code failed. ``exc`` itself is left as it is."""
+    kept: list[TracebackType] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_HIDDEN_FOLDERS):
+            kept.append(tb)
+        tb = tb.tb_next
+    if not kept:
+        return type(exc), exc, exc.__traceback__
+    trimmed: TracebackType | None = None
+    for tb in reversed(kept):
+        trimmed = TracebackType(trimmed, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return type(exc), exc, trimmed
 
 
 STEP_FAILED = "step_failed"

@@ -25,6 +25,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_CRASH_MESSAGE = 1000
+"""A 500's message (the exception's type and message) is cut to this many characters."""
 
 logger = logging.getLogger("stepline")
 
@@ -62,9 +64,11 @@ class Handler:
             status, body = await self._handle(scope, receive)
         except _Reject as reject:
             status, body = reject.status, reject.body()
-        except Exception:
+        except Exception as exc:
             logger.exception("invocation_crashed")
-            status, body = 500, _Reject(500, "internal", "the SDK handler failed").body()
+            # What broke, for the run's history; the traceback stays in the app's log.
+            message = f"the SDK handler failed: {type(exc).__name__}: {exc}"[:MAX_CRASH_MESSAGE]
+            status, body = 500, _Reject(500, "internal", message).body()
         headers = [
             (b"content-type", b"application/json"),
             (protocol.PROTOCOL_HEADER.encode(), str(protocol.PROTOCOL_VERSION).encode()),

@@ -10,13 +10,16 @@ keeps the SDK light. It does only what these calls need: a request with a body, 
 A request is sent once. Only when it is safe is it sent again on a fresh connection: the pooled
 connection was seen closed before anything was written, or the caller marked the request
 ``idempotent`` (the answer to a request written to a reused connection may be lost after the
-server acted on it, so resending a plain POST could run it twice).
+server acted on it, so resending a plain POST could run it twice). Connections are pooled per
+event loop: a host that runs each request on a fresh loop gets fresh connections on each, and
+those of closed loops are let go (see :mod:`stepline._loops`).
 :class:`AsyncTransport` puts it under ``httpx.AsyncClient`` (the REST client's default).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections import defaultdict
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import httpx
+
+from stepline import _loops
 
 __all__ = ["AsyncTransport", "HttpClient", "HttpError", "Response"]
 
@@ -71,7 +76,7 @@ class _Conn:
 
 
 class HttpClient:
-    """POSTs over pooled keep-alive connections, one pool per origin.
+    """POSTs over pooled keep-alive connections, one pool per event loop and origin.
 
     Three options guard a caller that talks to hosts it does not trust: ``resolve`` picks (and
     may refuse) the address each new connection is made to, which is then connected to with
@@ -94,7 +99,7 @@ class HttpClient:
         self.resolve = resolve
         self.max_body = max_body
         self.same_origin_redirects = same_origin_redirects
-        self._idle: dict[Origin, list[_Conn]] = defaultdict(list)
+        self._pools: dict[asyncio.AbstractEventLoop, dict[Origin, list[_Conn]]] = {}
         self._ssl: ssl.SSLContext | None = None
 
     async def post(
@@ -176,8 +181,21 @@ class HttpClient:
         except _FAILURES as exc:
             raise _failed(exc) from None
 
+    def _idle(self) -> dict[Origin, list[_Conn]]:
+        """The running loop's idle connections (a new loop starts a pool of its own, and lets
+        go of those of closed loops)."""
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            for other in [other for other in list(self._pools) if other.is_closed()]:
+                for idle in self._pools.pop(other, {}).values():
+                    for conn in idle:
+                        _loops.release_transport(conn.writer.transport)
+            pool = self._pools[loop] = defaultdict(list)
+        return pool
+
     def _take(self, origin: Origin) -> _Conn | None:
-        idle = self._idle.get(origin)
+        idle = self._idle().get(origin)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
@@ -235,7 +253,7 @@ class HttpClient:
                 conn.close()
 
     def _release(self, origin: Origin, conn: _Conn) -> None:
-        idle = self._idle[origin]
+        idle = self._idle()[origin]
         if len(idle) >= self.max_idle:
             conn.close()
             return
@@ -243,11 +261,18 @@ class HttpClient:
         idle.append(conn)
 
     async def aclose(self) -> None:
-        """Close every idle connection."""
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
+        """Close every idle connection (those of another loop that still runs, on that loop)."""
+        here = _loops.running()
+        for loop in list(self._pools):
+            conns = [conn for idle in self._pools.pop(loop, {}).values() for conn in idle]
+            for conn in conns:
+                if loop is here:
+                    conn.close()
+                elif loop.is_closed():
+                    _loops.release_transport(conn.writer.transport)
+                else:
+                    with contextlib.suppress(RuntimeError):  # closed meanwhile: it is gone
+                        loop.call_soon_threadsafe(conn.close)
 
 
 class _Stale(Exception):

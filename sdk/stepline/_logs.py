@@ -5,7 +5,10 @@ progress call or its answer, so a line is committed with the steps around it and
 request of its own. A step's execution runs under :func:`capturing`: a contextvar names the
 buffer and the step, and one handler on the root logger copies the records of that task (and of
 the thread a sync step runs in, which inherits the contextvar) into the buffer; concurrent steps,
-runs and invocations in one process never mix.
+runs and invocations in one process never mix. While steps run, the root logger lets ``INFO``
+through (``WARNING`` is Python's default), so a step's ``INFO`` records are kept whatever the
+app's root level; the app's own handlers on the root logger still get only what that level let
+through, and a logger's own level (``setLevel``) still applies.
 
 Workflow code between steps runs again on every replay, so :class:`RunLog` keeps a line only
 when the code writing it runs for the first time: once the branch has met a step that is not in
@@ -199,7 +202,7 @@ class _Capture(logging.Handler):
             # Being on the root logger must not silence Python's last resort (records printed
             # to stderr when the app configured no logging).
             last = logging.lastResort
-            if last is not None and record.levelno >= last.level:
+            if last is not None and record.levelno >= last.level and _as_before(record):
                 last.handle(record)
         return super().handle(record)
 
@@ -232,9 +235,56 @@ def _no_other_handler(record: logging.LogRecord) -> bool:
     return True
 
 
+def _as_before(record: logging.LogRecord) -> bool:
+    """Whether ``record`` would have been made with the root logger at the level it had before
+    steps lowered it: its logger, or an ancestor below the root, has a level it passes, or it
+    passes that root level."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger.parent is not None:
+        if logger.level:
+            return record.levelno >= logger.level
+        logger = logger.parent
+    return _root_level is None or record.levelno >= _root_level
+
+
+class _AsBefore(logging.Filter):
+    """On the app's handlers of the root logger while steps run: only what they got before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _as_before(record)
+
+
 _handler = _Capture()
+_filter = _AsBefore()
 _active = 0
 _active_lock = threading.Lock()
+_root_level: int | None = None  # the root logger's own level, while steps lowered it to INFO
+_filtered: list[logging.Handler] = []
+
+
+def _lower_root(root: logging.Logger) -> None:
+    """Let ``INFO`` records be made while steps run, the app's root handlers filtered."""
+    global _root_level
+    if root.level <= logging.INFO:
+        return
+    _root_level = root.level
+    for handler in root.handlers:
+        if handler is not _handler:
+            handler.addFilter(_filter)
+            _filtered.append(handler)
+    root.setLevel(logging.INFO)
+
+
+def _restore_root(root: logging.Logger) -> None:
+    global _root_level
+    if _root_level is None:
+        return
+    if root.level == logging.INFO:  # unless the app set another level meanwhile
+        root.setLevel(_root_level)
+    for handler in _filtered:
+        handler.removeFilter(_filter)
+    _filtered.clear()
+    _root_level = None
 
 
 @contextlib.contextmanager
@@ -247,6 +297,7 @@ def capturing(buffer: LogBuffer, step_name: str) -> Iterator[None]:
         root = logging.getLogger()
         if _handler not in root.handlers:
             root.addHandler(_handler)
+            _lower_root(root)
     token = _step.set((buffer, step_name))
     try:
         yield
@@ -255,4 +306,6 @@ def capturing(buffer: LogBuffer, step_name: str) -> Iterator[None]:
         with _active_lock:
             _active -= 1
             if _active == 0:
-                logging.getLogger().removeHandler(_handler)
+                root = logging.getLogger()
+                root.removeHandler(_handler)
+                _restore_root(root)

@@ -11,6 +11,8 @@ changed, the run was cancelled, an answer was lost) and the execution is let go 
 replays as always.
 
 At most ``max_runs`` executions are kept, none longer than ``max_seconds``; the oldest go first.
+An execution goes on only on the event loop it ran on: a host that runs each request on a fresh
+loop replays instead, and what was parked on loops since closed is let go.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from stepline import _loops
 from stepline.protocol import StepRecord, StepStatus
 
 if TYPE_CHECKING:
@@ -68,16 +71,30 @@ class ParkedRuns:
         self.max_runs = max_runs
         self.max_seconds = max_seconds
         self._runs: OrderedDict[str, tuple[float, Invocation]] = OrderedDict()
+        self._loop: object = None  # the loop last taken on
         self.resumed = 0  # invocations that went on with a parked execution
 
     def __len__(self) -> int:
         return len(self._runs)
 
     def take(self, run_id: str) -> Invocation | None:
-        """The execution parked for ``run_id``, no longer parked (let go of those too old)."""
+        """The execution parked for ``run_id`` on the running loop, no longer parked (let go
+        of those too old, and on a loop new here of those whose loops are closed)."""
         self._expire(time.monotonic())
+        loop = _loops.running()
+        if loop is not self._loop:
+            self._loop = loop
+            for other, (_, invocation) in list(self._runs.items()):
+                if invocation.loop is not None and invocation.loop.is_closed():
+                    self._runs.pop(other, None)
+                    invocation.abandon()
         kept = self._runs.pop(run_id, None)
-        return None if kept is None else kept[1]
+        if kept is None:
+            return None
+        if kept[1].loop is not None and kept[1].loop is not loop:
+            kept[1].abandon()  # it cannot go on here: the run replays
+            return None
+        return kept[1]
 
     def keep(self, run_id: str, invocation: Invocation) -> None:
         """Park ``invocation`` (suspended, :attr:`Invocation.parked`) for its run's next

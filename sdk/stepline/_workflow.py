@@ -173,7 +173,9 @@ class Stepline:
     (default 64 MiB), so each invocation brings only the steps that changed; 0 keeps none.
     ``parked_runs``: how many runs suspended on sleeps alone the app keeps running in memory
     (default 256, for at most 10 minutes each), so the invocation after the sleep goes on
-    without replaying; 0 keeps none.
+    without replaying; 0 keeps none. Parked runs and the progress calls' connections are kept
+    per event loop: a host that runs each request on a fresh loop starts afresh on each
+    (``docs/serverless.md``).
     """
 
     def __init__(

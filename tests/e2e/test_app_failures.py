@@ -8,7 +8,9 @@ import json
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
+import structlog
 
 import stepline
 from stepline import protocol
@@ -90,6 +92,40 @@ async def test_failing_app_is_retried_then_the_run_fails(
         assert len(ended) == calls["invoke"] and all(says in e["data"]["error"] for e in ended)
         assert [e["data"]["outcome"] for e in ended[:-1]] == ["delivery_failed"] * (len(ended) - 1)
         assert events[-1]["type"] == "run.failed"
+
+
+async def test_a_failing_sdk_says_what_broke_and_the_orchestrator_warns(database_url: str) -> None:
+    """An SDK that fails internally (its httpx client was closed) answers 500 with the
+    exception's type and message, which the run's history shows; the orchestrator logs each
+    failed delivery as a warning naming the workflow and the run."""
+    closed = httpx.AsyncClient()
+    await closed.aclose()
+    sl = stepline.Stepline("broken-secret", http_client=closed)
+
+    @sl.workflow("broken", delivery_window="1s")
+    async def broken(ctx: stepline.Context, input: Any) -> Any:
+        return await ctx.step("work", lambda: 1)
+
+    async with orchestrator_stack(database_url) as stack, serve(sl.asgi()) as url:
+        await stack.register(sl, url + "/")
+        with structlog.testing.capture_logs() as logs:
+            run = await stack.client.start_run("broken", None)
+            done = await stack.client.wait_run(run["id"], timeout=30)
+        events = [e async for e in stack.client.iter_run_events(run["id"])]
+    assert done["status"] == "failed" and done["error"]["code"] == "app_unreachable", done
+    ended = [e["data"] for e in events if e["type"] == "invocation.ended"]
+    assert ended and all("RuntimeError" in e["error"] for e in ended), ended
+    assert all("client has been closed" in e["error"] for e in ended)
+    assert not any("Traceback" in e["error"] for e in ended)
+    warned = [
+        line
+        for line in logs
+        if line["event"] == "invocation_ended" and line.get("run_id") == run["id"]
+    ]
+    assert len(warned) == len(ended), logs
+    assert all(line["log_level"] == "warning" for line in warned), warned
+    assert all(line["workflow"] == "broken" for line in warned)
+    assert all("RuntimeError" in line["error"] for line in warned)
 
 
 async def test_unsigned_invocations_are_refused_by_the_sdk(database_url: str) -> None:

@@ -22,6 +22,7 @@ from tests.support import Stack, app_server, orchestrator_stack
 
 payments = logging.getLogger("tests.payments")
 payments.setLevel(logging.INFO)
+unset = logging.getLogger("tests.unset")  # no level of its own: the root's applies
 
 
 def build_app(calls: dict[str, int]) -> stepline.Stepline:
@@ -70,6 +71,23 @@ def build_app(calls: dict[str, int]) -> stepline.Stepline:
             await ctx.sleep(f"pause-{part}", "1ms")
         ctx.log.info("never kept: the log is full")
         return input["n"]
+
+    @sl.workflow("in-steps")
+    async def in_steps(ctx: stepline.Context, input: None) -> str:
+        def sync_work() -> str:
+            ctx.log.info("ctx line in a sync step", n=1)
+            unset.info("logging line in a sync step")
+            unset.debug("not kept: debug")
+            return "sync"
+
+        async def async_work() -> str:
+            ctx.log.info("ctx line in an async step")
+            unset.info("logging line in an async step")
+            return "async"
+
+        await ctx.step("sync-work", sync_work)
+        await ctx.sleep("nap", "10ms")
+        return await ctx.step("async-work", async_work)
 
     @sl.workflow("big-lines")
     async def big_lines(ctx: stepline.Context, input: None) -> None:
@@ -124,6 +142,28 @@ async def test_lines_are_kept_once_across_replays(env: Env) -> None:
     assert page["logsDropped"] == 0 and page["nextCursor"] is None
     assert done["logLines"] == 6 and done["logsDropped"] == 0
     assert env.calls == {"charge": 1, "ship": 1}
+
+
+async def test_info_lines_in_steps_are_kept_whatever_the_root_level(env: Env) -> None:
+    """With the root logger at WARNING (Python's default), ctx.log.info and a logging INFO
+    record in a step (sync or async, after a sleep too) are kept on the run; DEBUG records of
+    loggers without a level of their own are not."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        run = await env.stack.client.start_run("in-steps", None)
+        done = await env.stack.client.wait_run(run["id"], timeout=30)
+    finally:
+        root.setLevel(before)
+    assert done["status"] == "completed", done
+    lines = (await _logs(env.stack, run["id"]))["logs"]
+    assert [(line["level"], line["message"], line["stepName"]) for line in lines] == [
+        ("info", "ctx line in a sync step", "sync-work"),
+        ("info", "logging line in a sync step", "sync-work"),
+        ("info", "ctx line in an async step", "async-work"),
+        ("info", "logging line in an async step", "async-work"),
+    ]
 
 
 async def test_pages_and_after(env: Env) -> None:

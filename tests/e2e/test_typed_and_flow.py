@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 import stepline
 from tests.support import app_server, orchestrator_stack
@@ -57,6 +57,45 @@ async def test_a_typed_workflow_gets_models_and_bad_input_makes_no_run(database_
     assert done["status"] == "completed", done
     assert done["output"] == {"orderId": "o-1", "total": 42}
     assert seen == ["Order", "Receipt", "Order", "Receipt"]
+
+
+class Unknown(Exception):
+    """A validator's own exception class."""
+
+
+class KnownOrder(BaseModel):
+    orderId: str
+
+    @field_validator("orderId")
+    @classmethod
+    def known(cls, value: str) -> str:
+        if value.startswith("x"):
+            raise Unknown(f"no such order {value}")
+        return value
+
+
+async def test_input_the_workflow_refuses_fails_the_run_at_once(database_url: str) -> None:
+    """An input that passes the schema but that the model's validator refuses with its own
+    exception fails the run on its first invocation with validation_failed naming the
+    exception, with no delivery failure and without running the workflow."""
+    sl = stepline.Stepline("refuse-secret")
+    ran: list[str] = []
+
+    @sl.workflow("ship")
+    async def ship(ctx: stepline.Context, input: KnownOrder) -> str:
+        ran.append(input.orderId)
+        return input.orderId
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        run = await stack.client.start_run("ship", {"orderId": "x-9"})
+        done = await stack.client.wait_run(run["id"], timeout=30)
+        events = [e async for e in stack.client.iter_run_events(run["id"])]
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "validation_failed" and done["error"]["type"] == "Unknown"
+    assert "no such order x-9" in done["error"]["message"]
+    ended = [e["data"]["outcome"] for e in events if e["type"] == "invocation.ended"]
+    assert ended == ["failed"] and ran == []
 
 
 async def test_an_event_starts_one_run_however_often_it_is_sent(database_url: str) -> None:

@@ -55,7 +55,7 @@ async def test_post_reuses_connections_and_reads_both_body_kinds() -> None:
         assert (first.status, first.body) == (201, b"got:hello")
         chunked = await client.post(url + "/chunked", b"", {})
         assert chunked.body == b"one,two,three"
-        assert sum(len(c) for c in client._idle.values()) == 1
+        assert sum(len(c) for c in client._idle().values()) == 1
         await client.aclose()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -479,6 +480,28 @@ async def test_a_failed_step_and_workflow_carry_tracebacks_and_the_failure_is_lo
     ]
     assert caplog.records[1].exc_info is not None
     assert caplog.records[1].run_id == "run-1"
+
+
+async def test_logged_failures_show_the_users_frames_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tracebacks of step_attempt_failed and workflow_failed, as the app's log (and the
+    dev console) prints them, hold the user's frames, not the SDK's or asyncio's, as the
+    recorded ones do."""
+
+    async def checkout(ctx: stepline.Context, input: Any) -> None:
+        await ctx.step("charge", charge_card_declined)
+
+    sdk = os.path.dirname(os.path.abspath(stepline.__file__))
+    with caplog.at_level(logging.WARNING, logger="stepline"):
+        answer = await invoke(checkout, request(), Recorder(), retries=stepline.Retries(1))
+    assert answer.status == "failed"
+    printed = {r.getMessage().split(":")[0]: logging.Formatter().format(r) for r in caplog.records}
+    assert set(printed) == {"step_attempt_failed", "workflow_failed"}
+    assert "in charge_card_declined" in printed["step_attempt_failed"]
+    assert "in checkout" in printed["workflow_failed"]
+    for text in printed.values():
+        assert "Traceback" in text and sdk not in text and "asyncio" not in text, text
 
 
 def test_a_long_traceback_is_cut_to_16_kib_keeping_its_end() -> None:

@@ -258,3 +258,19 @@ async def test_replayed_invocation_runs_nothing() -> None:
     assert again.status_code == 409 and again.json()["error"]["code"] == "replayed"
     assert forged.status_code == 401  # a signature over another body
     assert ran == ["workflow"]
+
+
+async def test_an_sdk_failure_answers_500_saying_what_broke() -> None:
+    """When the SDK itself fails (here: the httpx client it was given is closed), the 500 says
+    the exception's type and message, and carries no traceback of the SDK."""
+    orchestrator = FakeOrchestrator()
+    sl, _ = make_app(orchestrator)
+    assert sl.transport.client is not None
+    await sl.transport.client.aclose()
+    response = await post(sl, invoke_body())
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "internal"
+    assert error["message"].startswith("the SDK handler failed: RuntimeError: ")
+    assert "client has been closed" in error["message"]
+    assert "Traceback" not in response.text and ".py" not in response.text

@@ -213,6 +213,53 @@ async def test_python_last_resort_still_prints_while_steps_capture(
     assert "printed and kept" in capsys.readouterr().err
 
 
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def test_info_records_in_steps_are_kept_whatever_the_root_level() -> None:
+    """With the root logger at WARNING, a step's INFO records (of a logger with no level of
+    its own) are kept on the run, DEBUG ones are not, and a logger's own level still applies;
+    the app's root handler gets only what it got before, and the root's level is as it was
+    once no step runs."""
+    sl = stepline.Stepline("whsec_t")
+    plain = logging.getLogger("tests.root_level.plain")
+    strict = logging.getLogger("tests.root_level.strict")
+    strict.setLevel(logging.ERROR)
+
+    def step() -> int:
+        plain.debug("not kept: debug")
+        plain.info("kept: info")
+        strict.warning("not kept: below its logger's level")
+        plain.warning("kept and printed")
+        return 1
+
+    @sl.workflow("w")
+    async def w(ctx: stepline.Context, input: None) -> None:
+        await ctx.step("s", step)
+        plain.info("outside a step: neither kept nor printed")
+
+    root = logging.getLogger()
+    app_handler = _Collect()
+    saved_level, saved_handlers = root.level, root.handlers
+    root.setLevel(logging.WARNING)
+    root.handlers = [app_handler]
+    try:
+        result = await testing.run(sl, "w")
+        assert root.level == logging.WARNING and root.handlers == [app_handler]
+    finally:
+        root.setLevel(saved_level)
+        root.handlers = saved_handlers
+    assert [line.message for line in result.logs] == ["kept: info", "kept and printed"]
+    assert app_handler.messages == ["kept and printed"]
+    assert app_handler.filters == []
+
+
 async def test_kept_lines_also_go_to_the_apps_logging_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
+
 import stepline
 from stepline import testing
 
@@ -238,6 +240,25 @@ async def test_event_data_or_none_after_timeout() -> None:
     assert other.output is None
 
 
+async def test_test_events_are_keyed_by_event_name_or_by_step_name() -> None:
+    """testing.run(events=...) takes the event's name or the waiting step's name as the key;
+    with both, the step's entry wins (two waits for one event may get different data)."""
+    sl = make()
+
+    @sl.workflow("two-waits")
+    async def wf(ctx: stepline.Context, input: Any) -> Any:
+        first = await ctx.wait_for_event("first", event="paid", timeout="1d")
+        second = await ctx.wait_for_event("second", event="paid", timeout="1d")
+        return [first, second]
+
+    by_event = await testing.run(sl, "two-waits", events={"paid": {"n": 1}})
+    assert by_event.output == [{"n": 1}, {"n": 1}]
+    by_step = await testing.run(sl, "two-waits", events={"second": {"n": 2}})
+    assert by_step.output == [None, {"n": 2}]
+    both = await testing.run(sl, "two-waits", events={"paid": {"n": 1}, "first": {"n": 0}})
+    assert both.output == [{"n": 0}, {"n": 1}]
+
+
 async def test_child_workflow_output_and_failure() -> None:
     """ctx.invoke returns a child's output, and raises ChildWorkflowFailed when it fails."""
     sl = make()
@@ -355,3 +376,39 @@ async def test_a_replayed_gather_is_not_taken_for_reordered_steps() -> None:
         "a1", "b1", "a2", "nap", "after",
     ]  # fmt: skip
     assert result.step_calls == {"a1": 1, "a2": 1, "b1": 1, "after": 1}
+
+
+class Refused(Exception):
+    """A validator's own exception class (pydantic lets it through, unlike ValueError)."""
+
+
+class KnownOrder(pydantic.BaseModel):
+    orderId: str
+
+    @pydantic.field_validator("orderId")
+    @classmethod
+    def known(cls, value: str) -> str:
+        if value.startswith("x"):
+            raise Refused(f"no such order {value}")
+        return value
+
+
+async def test_input_the_model_refuses_fails_the_run_whatever_the_exception() -> None:
+    """A validator of the input model raising its own exception fails the run at once with
+    validation_failed naming it, as a ValidationError does; the workflow never runs."""
+    sl = make()
+    ran: list[str] = []
+
+    @sl.workflow("ship")
+    async def ship(ctx: stepline.Context, input: KnownOrder) -> str:
+        ran.append(input.orderId)
+        return input.orderId
+
+    refused = await testing.run(sl, "ship", {"orderId": "x1"})
+    assert refused.status == "failed" and refused.error is not None
+    assert refused.error.code == "validation_failed" and refused.error.type == "Refused"
+    assert "no such order x1" in refused.error.message and "KnownOrder" in refused.error.message
+    invalid = await testing.run(sl, "ship", {"orderId": 7})
+    assert invalid.status == "failed" and invalid.error is not None
+    assert invalid.error.code == "validation_failed"
+    assert ran == []

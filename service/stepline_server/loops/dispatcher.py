@@ -518,13 +518,18 @@ class Dispatcher:
         if ok and outcome.status in _RUN_ENDS:
             self.metrics.run_ended(claim["workflow"], outcome.status, _age(claim.get("created_at")))
             tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
-        log.info(
-            "invocation_ended",
-            outcome=outcome.status,
-            http_status=outcome.http_status,
-            duration_ms=outcome.duration_ms,
-            recorded=ok,
-        )
+        fields = {
+            "outcome": outcome.status,
+            "http_status": outcome.http_status,
+            "duration_ms": outcome.duration_ms,
+            "recorded": ok,
+            "workflow": claim["workflow"],
+            "run_id": str(run_id),
+        }
+        if outcome.status == "delivery_failed" or _code(outcome) == "app_unreachable":
+            log.warning("invocation_ended", error=outcome.reason, **fields)
+        else:
+            log.info("invocation_ended", **fields)
         return ok
 
     async def history_spent(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> bool:
@@ -621,6 +626,11 @@ class Slot:
             self._dispatcher._adopt(taken)
         else:
             self._dispatcher.wake()
+
+
+def _code(outcome: dispatch.Outcome) -> str | None:
+    """The error code an outcome ends its run with, if any."""
+    return None if outcome.error is None else outcome.error.get("code")
 
 
 def _age(created_at: datetime | None) -> float | None:
