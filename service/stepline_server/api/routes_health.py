@@ -17,11 +17,17 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """Ready while a primary answers: a server that is away, or read-only (a standby, the old
+    primary after a failover), is not ready."""
     try:
         async with orch(request).pool.acquire(timeout=2) as conn:
-            await conn.fetchval(Q["ping"])
+            writable = await conn.fetchval(Q["writable"])
     except Exception:
-        return json_response({"status": "unavailable"}, 503)
+        writable = False
+    if not writable:
+        response = json_response({"status": "unavailable"}, 503)
+        response.headers["retry-after"] = "1"
+        return response
     return json_response({"status": "ok"})
 
 

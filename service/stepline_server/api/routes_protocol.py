@@ -28,8 +28,10 @@ from stepline_server.api.errors import (
     PayloadTooLarge,
     StaleInvocation,
     Unauthorized,
+    Unavailable,
     ValidationFailed,
     error_body,
+    error_headers,
     from_validation,
 )
 from stepline_server.api.responses import json_response
@@ -47,6 +49,7 @@ log = structlog.get_logger("stepline.api")
 MAX_PROGRESS_BODY = 16 * 1024 * 1024
 MAX_RESULT_BYTES = 1024 * 1024
 DATABASE_PATIENCE_SECONDS = 10.0
+PROGRESS_ROUTE = "/v1/invocations/{invocationId}/progress"
 
 
 def authorize(o: Orchestrator, invocation: str, authorization: str) -> tuple[uuid.UUID, str]:
@@ -115,7 +118,8 @@ async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed
         except Exception as exc:
             if not db.is_transient(exc) or time.monotonic() > give_up:
                 raise
-            log.warning("progress_waits_for_database", error=str(exc))
+            if pause.failures == 0:
+                log.warning("progress_waits_for_database", error=str(exc))
             await pause.wait()
 
 
@@ -175,6 +179,7 @@ class ProgressFastPath:
 
     async def _progress(self, scope: Scope, receive: Receive, send: Send, invocation: str) -> None:
         status = 200
+        extra: dict[str, str] = {}
         headers = dict(scope["headers"])
         try:
             o = self.state.orchestrator
@@ -183,9 +188,13 @@ class ProgressFastPath:
             raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"))
             answer = await commit_progress(o, invocation_id, lease, raw)
         except ApiError as exc:
-            status, answer = exc.status, error_body(exc)
+            status, answer, extra = exc.status, error_body(exc), error_headers(exc)
+        except db.UNAVAILABLE as exc:  # still away after the patience: the SDK tries again
+            log.warning("request_unavailable", route=PROGRESS_ROUTE, error=str(exc))
+            away = Unavailable()
+            status, answer, extra = away.status, error_body(away), error_headers(away)
         except Exception:
-            log.exception("request_failed", route="/v1/invocations/{invocationId}/progress")
+            log.exception("request_failed", route=PROGRESS_ROUTE)
             status, answer = 500, error_body(ApiError())
         content = orjson.dumps(answer)
         await send(
@@ -195,6 +204,7 @@ class ProgressFastPath:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(content)).encode()),
+                    *((k.encode(), v.encode()) for k, v in extra.items()),
                 ],
             }
         )
