@@ -1,8 +1,8 @@
 """A TCP proxy on loopback in front of the test PostgreSQL: the database as the orchestrator
 sees it when its primary fails. :meth:`DbProxy.cut` resets every connection and refuses new
 ones (a server killed, a node gone), :meth:`DbProxy.restore` accepts them again (the promoted
-standby), and :meth:`DbProxy.cut_after_commit` lets the next ``COMMIT`` reach the server and
-drops the connection before its answer comes back: a commit whose outcome the client never
+standby), and :meth:`DbProxy.lose_commit` lets the commit of a chosen write reach the server
+and drops the connection before its answer comes back: a commit whose outcome the client never
 learns."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class DbProxy:
         self.port = free_port()
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self._commit_armed = 0
-        self.commits_cut = 0
+        self._armed: list[tuple[bytes, bytes | None]] = []
+        self.commits_lost = 0
 
     def dsn(self, database_url: str) -> str:
         """``database_url`` pointed at the proxy."""
@@ -49,10 +49,12 @@ class DbProxy:
         for pair in list(self._pairs):
             self._drop(pair)
 
-    def cut_after_commit(self, times: int = 1) -> None:
-        """The next ``times`` commits reach the server, and their connections are dropped
-        before the server's answer reaches the client."""
-        self._commit_armed += times
+    def lose_commit(self, marker: bytes, *, transaction: bool = True) -> None:
+        """Once: on the connection that next sends ``marker`` (a value of the write's), let its
+        ``COMMIT`` (with ``transaction=False``: the statement itself, which commits on its own)
+        reach the server, then drop the connection before the server's answer reaches the
+        client."""
+        self._armed.append((marker, b"COMMIT" if transaction else None))
 
     def _drop(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter]) -> None:
         self._pairs.discard(pair)
@@ -71,20 +73,32 @@ class DbProxy:
             return
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        committing = asyncio.Event()
+        state = _Losing()
         await asyncio.gather(
-            self._pipe(reader, up_writer, pair, committing, upstream=True),
-            self._pipe(up_reader, writer, pair, committing, upstream=False),
+            self._pipe(reader, up_writer, pair, state, upstream=True),
+            self._pipe(up_reader, writer, pair, state, upstream=False),
             return_exceptions=True,
         )
         self._drop(pair)
+
+    def _watch(self, data: bytes, state: _Losing) -> None:
+        """Arm ``state`` when ``data`` (from the client) carries an armed marker; note that
+        the commit to lose went to the server."""
+        if state.waiting_for is None and not state.sent:
+            for armed in self._armed:
+                if armed[0] in data:
+                    self._armed.remove(armed)
+                    state.waiting_for = armed[1] or armed[0]
+                    break
+        if state.waiting_for is not None and state.waiting_for in data:
+            state.sent = True
 
     async def _pipe(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
-        committing: asyncio.Event,
+        state: _Losing,
         *,
         upstream: bool,
     ) -> None:
@@ -92,17 +106,24 @@ class DbProxy:
             data = await reader.read(65536)
             if not data:
                 break
-            if upstream and self._commit_armed and b"COMMIT" in data.upper():
-                self._commit_armed -= 1
-                committing.set()
-            elif not upstream and committing.is_set():
+            if upstream:
+                self._watch(data, state)
+            elif state.sent:
                 # The server answered the commit: the client never hears it.
-                self.commits_cut += 1
+                self.commits_lost += 1
                 self._drop(pair)
                 return
             writer.write(data)
             await writer.drain()
         self._drop(pair)
+
+
+class _Losing:
+    """One proxied connection's progress towards losing a commit's answer."""
+
+    def __init__(self) -> None:
+        self.waiting_for: bytes | None = None  # COMMIT, or the marked statement itself
+        self.sent = False
 
 
 @contextlib.asynccontextmanager

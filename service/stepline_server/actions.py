@@ -41,11 +41,13 @@ async def send_event(
     name: str,
     data: Any,
     key: str | None = None,
+    *,
+    event_id: uuid.UUID | None = None,
 ) -> tuple[uuid.UUID, waits.Sent]:
     """Send an event (see :func:`stepline_server.store.waits.send_event`), counting the runs
     it started."""
     event_id, sent = await waits.send_event(
-        conn, project_id, name, data, key, notify=o.dispatcher.tell_others()
+        conn, project_id, name, data, key, notify=o.dispatcher.tell_others(), event_id=event_id
     )
     if not sent.repeated:
         for workflow in sent.started_workflows:

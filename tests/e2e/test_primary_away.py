@@ -14,7 +14,7 @@ import httpx
 import pytest
 import structlog
 
-from stepline_server.api import routes_protocol
+from stepline_server.api import patience
 from stepline_server.orchestrator import Orchestrator
 from tests.dbproxy import proxied
 from tests.support import Stack, orchestrator_stack, until
@@ -76,7 +76,7 @@ async def test_requests_while_the_primary_is_away_answer_503_on_a_live_connectio
     callbacks, events, the progress fast path, readiness) answers 503 ``unavailable`` with
     ``Retry-After``; the next request on the same connection is answered; uvicorn logs no
     error and no loop crashes."""
-    monkeypatch.setattr(routes_protocol, "DATABASE_PATIENCE_SECONDS", 0.3)
+    monkeypatch.setattr(patience, "DATABASE_PATIENCE_SECONDS", 0.3)
     async with (
         proxied(database_url) as (proxy, dsn),
         orchestrator_stack(dsn, scheduler_poll_seconds=0.1) as stack,
@@ -119,9 +119,12 @@ async def _ready(http: httpx.AsyncClient) -> httpx.Response | None:
     return response if response.status_code == 200 else None
 
 
-async def test_a_read_only_server_is_unavailable_not_an_error(database_url: str) -> None:
+async def test_a_read_only_server_is_unavailable_not_an_error(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Connections that reach a read-only server (a standby, the old primary demoted after a
     failover) answer writes 503 ``unavailable`` and readiness 503, until a primary is back."""
+    monkeypatch.setattr(patience, "DATABASE_PATIENCE_SECONDS", 0.3)
     name = database_url.rsplit("/", 1)[1]
     async with (
         orchestrator_stack(database_url) as stack,

@@ -9,7 +9,6 @@ without the wrapper.
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from starlette.responses import Response
 
 from stepline import _json
 from stepline.protocol import ProgressRequest
+from stepline_server.api import patience
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
     ApiError,
@@ -36,7 +36,6 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.responses import json_response
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
-from stepline_server.loops.backoff import Backoff
 from stepline_server.store import db, dispatch
 
 if TYPE_CHECKING:
@@ -48,7 +47,6 @@ log = structlog.get_logger("stepline.api")
 
 MAX_PROGRESS_BODY = 16 * 1024 * 1024
 MAX_RESULT_BYTES = 1024 * 1024
-DATABASE_PATIENCE_SECONDS = 10.0
 PROGRESS_ROUTE = "/v1/invocations/{invocationId}/progress"
 
 
@@ -108,19 +106,10 @@ async def commit_progress(
 
 
 async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed | None:
-    """Commit the call, waiting out a database that is briefly away (a restart) rather than
-    failing the step: the call is fenced by its lease and de-duplicated by its seq."""
-    pause = Backoff(cap=0.5)
-    give_up = time.monotonic() + DATABASE_PATIENCE_SECONDS
-    while True:
-        try:
-            return await o.batcher.apply(item)
-        except Exception as exc:
-            if not db.is_transient(exc) or time.monotonic() > give_up:
-                raise
-            if pause.failures == 0:
-                log.warning("progress_waits_for_database", error=str(exc))
-            await pause.wait()
+    """Commit the call, waiting out a database that is briefly away (a restart, a failover)
+    rather than failing the step: the call is fenced by its lease and de-duplicated by its seq
+    and digest, so a try whose commit was lost comes back as applied."""
+    return await patience.patiently(lambda _again: o.batcher.apply(item), "progress")
 
 
 def _check_storable(call: ProgressRequest) -> None:

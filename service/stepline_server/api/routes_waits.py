@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline_server import actions, serialize
+from stepline_server.api import patience
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model
 from stepline_server.store import waits
+
+if TYPE_CHECKING:
+    from stepline_server.orchestrator import Orchestrator
 
 
 class EventSend(BaseModel):
@@ -36,6 +40,14 @@ async def get_callback(request: Request) -> Response:
 async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> Response:
     o = orch(request)
     body = await read_json(request)
+    return await patience.patiently(lambda again: _completed(o, cid, pid, body, again), "callback")
+
+
+async def _completed(
+    o: Orchestrator, cid: uuid.UUID, pid: uuid.UUID | None, body: Any, again: bool
+) -> Response:
+    """Complete the callback; ``again``: a try before this one was cut off at its commit, so
+    a callback completed with this very body was completed by it."""
     # The run is leased to this orchestrator as the callback completes, when its dispatcher
     # has room; the others hear of it only when it has none.
     notify = o.dispatcher.tell_others()
@@ -47,7 +59,8 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
         row = done.callback
         if row is None:
             raise NotFound(f"no callback with id {cid}")
-        if not done.completed:
+        kept = again and row["status"] == "completed" and row["body"] == body
+        if not done.completed and not kept:
             raise InvalidState(
                 f"the callback is already {row['status']}; its first body is kept",
                 {"status": row["status"]},
@@ -72,14 +85,21 @@ async def send_event(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, EventSend)
     o = orch(request)
-    async with o.pool.acquire() as conn:
-        event_id, sent = await actions.send_event(o, conn, pid, body.name, body.data, body.id)
-    answer = {
-        "id": body.id if body.id is not None else str(event_id),
-        "name": body.name,
-        "matchedRuns": len(sent.matched),
-        "startedRuns": [str(r) for r in sent.started],
-    }
-    if sent.repeated:
-        answer["deduplicated"] = True
-    return json_response(answer, 202)
+    event_id = waits.event_row_id(pid, body.id)  # the same on every try
+
+    async def send(again: bool) -> Response:
+        async with o.pool.acquire() as conn:
+            _, sent = await actions.send_event(
+                o, conn, pid, body.name, body.data, body.id, event_id=event_id
+            )
+        answer = {
+            "id": body.id if body.id is not None else str(event_id),
+            "name": body.name,
+            "matchedRuns": len(sent.matched),
+            "startedRuns": [str(r) for r in sent.started],
+        }
+        if sent.repeated and not again:  # after a lost commit, the repeat may be our own
+            answer["deduplicated"] = True
+        return json_response(answer, 202)
+
+    return await patience.patiently(send, "event")

@@ -88,6 +88,7 @@ async def send_event(
     key: str | None = None,
     *,
     notify: bool = True,
+    event_id: uuid.UUID | None = None,
 ) -> tuple[uuid.UUID, Sent]:
     """Record the event (of the sender's id ``key``, when given), resume every run waiting for
     event ``name`` whose match fields all equal ``data``'s, and start a run of every workflow
@@ -95,8 +96,9 @@ async def send_event(
     stored event's id and what was done. A second send of one ``key`` does nothing again and
     answers the first send's outcome. Serialised with waits for the same event being recorded
     (:func:`~stepline_server.store.dispatch.lock_event_name`), so an event and a wait committed
-    at once never miss each other."""
-    event_id = event_row_id(project_id, key)
+    at once never miss each other. ``event_id``: the id :func:`event_row_id` gave, when a try
+    of this send whose commit was lost came first (the same id finds what it kept)."""
+    event_id = event_id or event_row_id(project_id, key)
     async with conn.transaction():
         await dispatch.lock_event_name(conn, project_id, name)
         if await conn.fetchval(Q["insert_event"], event_id, project_id, name, data, key) is None:
