@@ -35,7 +35,7 @@ async def metrics(request: Request) -> Response:
     o = orch(request)
     o.sample()
     try:
-        async with o.pool.acquire(timeout=2) as conn:
+        async with o.read_pool.acquire(timeout=2) as conn:
             sample = Sample(*await dispatch.backlog(conn))
     except Exception:
         sample = Sample(-1, -1.0)  # the database did not answer: the scrape still works
