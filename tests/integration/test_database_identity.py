@@ -14,9 +14,7 @@ async def test_the_identity_names_the_timeline(database_url: str) -> None:
     try:
         identity = await conn.fetchval("SELECT stepline_database_id()")
         system = await conn.fetchval("SELECT system_identifier::text FROM pg_control_system()")
-        timeline = await conn.fetchval(
-            "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
-        )
+        timeline = await conn.fetchval("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
     finally:
         await conn.close()
     assert identity.startswith(f"{system}/")
