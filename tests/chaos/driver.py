@@ -109,6 +109,7 @@ class RunLedger:
     events_lost: int = 0  # acked, yet the wait still waited event_lost_seconds later
     # Acknowledged, then gone (an asynchronous failover's rewind): sent again, as a client would.
     starts_lost: int = 0  # the run answered 404: started again with its run key
+    stale_reads: int = 0  # the run answered 404, yet its run key still named it
     callbacks_lost: int = 0  # the callback's step waited again: its body sent again
     last_status: str | None = None
     problems: list[str] = field(default_factory=list)
@@ -159,9 +160,13 @@ async def drive_run(
             return
         try:
             response = await api.call("GET", f"/v1/runs/{entry.run_id}")
-            if response.status_code == 404:  # acknowledged, then lost: start it again
-                entry.starts_lost += 1
+            if response.status_code == 404:  # acknowledged, then lost? start it again
+                before = entry.run_id
                 await _start(api, entry)
+                if entry.run_id == before:  # its run key found it: a read behind, not a loss
+                    entry.stale_reads += 1
+                else:
+                    entry.starts_lost += 1
                 await asyncio.sleep(poll)
                 continue
             run = response.json()

@@ -164,6 +164,8 @@ def _extend(
     for what, n in lost.items():
         ok = None if asynchronous else n == 0
         report.add(f"acknowledged {what} gone after a promotion (sent again)", "0", n, ok)
+    stale = sum(e.stale_reads for e in ledger.runs)
+    report.add("runs answered 404, then found by their run key", "-", stale, None)
     nondeterminism = codes.get("nondeterminism", 0)
     report.add("runs failed with nondeterminism", "0", nondeterminism, nondeterminism == 0)
     server_errors = sum(n for s, n in answers.statuses.items() if s >= 500 and s != 503)
