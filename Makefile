@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos deploy-check fuzz browser model mutate
+.PHONY: install dev test check bench chaos failover deploy-check fuzz browser model mutate
 
 install: $(STAMP)
 
@@ -63,6 +63,15 @@ else
 	$(BIN)/python -m tests.chaos --stress $(CHAOS_ARGS) || status=1; \
 	exit $$status
 endif
+
+# The failover test (tests/failover/README.md): the chaos load with two orchestrators on a
+# pg_auto_failover formation (a monitor, a primary, two standbys, one of which confirms each
+# commit) whose primary's postmaster, then whole node, is killed; fails when an invariant breaks,
+# a request answers 500 or none, or an orchestrator restarts. Needs root and Debian's
+# postgresql-15-auto-failover and pg-auto-failover-cli. FAILOVER_ARGS adds flags, e.g.
+# `make failover FAILOVER_ARGS="--async"` (asynchronous replication: losses reported).
+failover: install
+	$(BIN)/python -m tests.failover $(FAILOVER_ARGS)
 
 # Schemathesis over every operation of openapi.yaml and the dashboard's forms
 # (tests/e2e/dashboard_forms.yaml), stateful phase included, against a live orchestrator on

@@ -41,18 +41,20 @@ async def send_event(
     name: str,
     data: Any,
     key: str | None = None,
+    *,
+    event_id: uuid.UUID | None = None,
 ) -> tuple[str, waits.Sent]:
     """Send an event (see :func:`stepline_server.store.waits.send_event`), counting the runs
     it started; answers the event's id (its sender's, else its own) and what it did."""
-    event_id, sent = await waits.send_event(
-        conn, project_id, name, data, key, notify=o.dispatcher.tell_others()
+    public_id, sent = await waits.send_event(
+        conn, project_id, name, data, key, notify=o.dispatcher.tell_others(), event_id=event_id
     )
     if not sent.repeated:
         for workflow in sent.started_workflows:
             o.metrics.run_started(workflow, "event")
     if sent.matched or sent.started:
         o.dispatcher.wake()
-    return event_id, sent
+    return public_id, sent
 
 
 async def trigger_schedule(

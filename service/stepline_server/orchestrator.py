@@ -53,6 +53,10 @@ class Orchestrator:
         self.run_loops = run_loops
         self._app_transport = app_transport
         self.pool: db.Pool
+        # Reads that may lag (lists, searches, dashboard pages, metrics): the replica of
+        # STEPLINE_DATABASE_READ_URL, else the primary's pool. A client's own writes are read
+        # back from the primary (GET /v1/runs/{id}), never from here.
+        self.read_pool: db.Pool
         self.signer: CallbackSigner
         self.caller: AppCaller
         self.dispatcher: Dispatcher
@@ -76,6 +80,10 @@ class Orchestrator:
         finally:
             await conn.close()
         self.pool = await db.create_pool(self.dsn, min_size=2, max_size=20)
+        read_url = self.settings.database_read_url
+        self.read_pool = (
+            await db.create_pool(read_url, min_size=0, max_size=10) if read_url else self.pool
+        )
         self.signer = CallbackSigner(secrets)
         self.batcher = ProgressBatcher(self.pool, self.metrics)
         self.caller = AppCaller(
@@ -173,6 +181,8 @@ class Orchestrator:
         await self.supervisor.stop()
         await self.caller.aclose()
         await self.alert_sender.aclose()
+        if self.read_pool is not self.pool:
+            await self.read_pool.close()
         await self.pool.close()
 
 

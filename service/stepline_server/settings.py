@@ -17,6 +17,8 @@ class Settings:
     """Everything the orchestrator can be configured with (``STEPLINE_*`` and ``DATABASE_URL``)."""
 
     database_url: str | None = None
+    # A replica for lists, searches, the dashboard's pages and metrics (None: the primary).
+    database_read_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8400
     data_dir: Path = Path(".stepline")
@@ -82,6 +84,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     s = Settings()
     return Settings(
         database_url=e.get("DATABASE_URL") or None,
+        database_read_url=e.get("STEPLINE_DATABASE_READ_URL") or None,
         host=e.get("STEPLINE_HOST", s.host),
         port=int(e.get("STEPLINE_PORT", s.port)),
         data_dir=Path(e.get("STEPLINE_DATA_DIR", str(s.data_dir))),

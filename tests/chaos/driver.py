@@ -107,6 +107,10 @@ class RunLedger:
     event_acks: int = 0  # 202 answers that matched at least one run
     event_unmatched: int = 0  # 202 answers that matched none (sent again later)
     events_lost: int = 0  # acked, yet the wait still waited event_lost_seconds later
+    # Acknowledged, then gone (an asynchronous failover's rewind): sent again, as a client would.
+    starts_lost: int = 0  # the run answered 404: started again with its run key
+    stale_reads: int = 0  # the run answered 404, yet its run key still named it
+    callbacks_lost: int = 0  # the callback's step waited again: its body sent again
     last_status: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -156,6 +160,15 @@ async def drive_run(
             return
         try:
             response = await api.call("GET", f"/v1/runs/{entry.run_id}")
+            if response.status_code == 404:  # acknowledged, then lost? start it again
+                before = entry.run_id
+                await _start(api, entry)
+                if entry.run_id == before:  # its run key found it: a read behind, not a loss
+                    entry.stale_reads += 1
+                else:
+                    entry.starts_lost += 1
+                await asyncio.sleep(poll)
+                continue
             run = response.json()
             entry.last_status = run.get("status")
             if entry.last_status in _ENDED:
@@ -163,18 +176,12 @@ async def drive_run(
             steps = {s["name"]: s for s in run.get("steps") or []}
             announce = steps.get("announce", {})
             url_step = steps.get("cb-url", {})
-            if (
-                "url" not in entry.callbacks
-                and announce.get("status") == "completed"
-                and url_step.get("status") == "waiting"
-            ):
+            if announce.get("status") == "completed" and url_step.get("status") == "waiting":
+                entry.callbacks_lost += "url" in entry.callbacks  # acknowledged, then lost
                 await _complete_callback(api, entry, "url", str(announce["output"]), auth=False)
             key_step = steps.get("cb-key", {})
-            if (
-                "key" not in entry.callbacks
-                and key_step.get("status") == "waiting"
-                and key_step.get("callbackId")
-            ):
+            if key_step.get("status") == "waiting" and key_step.get("callbackId"):
+                entry.callbacks_lost += "key" in entry.callbacks
                 target = f"/v1/callbacks/{key_step['callbackId']}"
                 await _complete_callback(api, entry, "key", target, auth=True)
             evt = steps.get("evt", {})

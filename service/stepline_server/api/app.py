@@ -32,11 +32,13 @@ from stepline_server.api.errors import (
     handle_api_error,
     handle_bad_payload,
     handle_http_exception,
+    handle_unavailable,
     handle_unexpected,
 )
 from stepline_server.api.routes_protocol import ProgressFastPath
 from stepline_server.authlimits import AuthFailures
 from stepline_server.orchestrator import Orchestrator
+from stepline_server.store import db
 from stepline_server.ui import app as ui
 
 # Starlette tries routes in order: the SDK's progress call, made once per step, comes first
@@ -157,6 +159,9 @@ def build_app(orchestrator: Orchestrator) -> BodyTimeout:
             ApiError: handle_api_error,
             payloads.BadPayload: handle_bad_payload,
             HTTPException: handle_http_exception,
+            # Handled by type, before the catch-all: Starlette answers the catch-all's
+            # response and then raises again, and the server drops the connection.
+            **{kind: handle_unavailable for kind in db.UNAVAILABLE},
             Exception: handle_unexpected,
         },
     )

@@ -29,7 +29,6 @@ from starlette.responses import Response
 
 from stepline_server import payloads
 from stepline_server.api.responses import json_response
-from stepline_server.store import db
 
 log = structlog.get_logger("stepline.api")
 
@@ -132,8 +131,8 @@ def error_body(exc: ApiError) -> dict[str, Any]:
 
 
 def error_headers(exc: ApiError) -> dict[str, str]:
-    """Headers an error answer carries (``Retry-After`` for a 429)."""
-    if isinstance(exc, RateLimited):
+    """Headers an error answer carries (``Retry-After`` for a 429 and a 503)."""
+    if isinstance(exc, (RateLimited, Unavailable)):
         return {"retry-after": str(exc.retry_after)}
     return {}
 
@@ -171,6 +170,7 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
 
 class Unavailable(ApiError):
     code, status, default = "unavailable", 503, "the database is not reachable; try again shortly"
+    retry_after = 1
 
 
 def route_of(scope: Any) -> str:
@@ -181,12 +181,14 @@ def route_of(scope: Any) -> str:
     return path if isinstance(path, str) else "(unrouted)"
 
 
+async def handle_unavailable(request: Request, exc: Exception) -> Response:
+    """The database is away (a restart, a failover: see ``db.UNAVAILABLE``): an expected
+    state, answered ``503`` with ``Retry-After`` on a connection that stays open. What the
+    request wrote was not confirmed; every write the API takes is safe to send again."""
+    log.warning("request_unavailable", route=route_of(request.scope), error=str(exc))
+    return error_response(Unavailable())
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    if db.is_transient(exc):
-        # The database went away (a restart): nothing was done; the caller may try again.
-        log.warning("request_unavailable", route=route_of(request.scope), error=str(exc))
-        response = error_response(Unavailable())
-        response.headers["Retry-After"] = "1"
-        return response
     log.exception("request_failed", route=route_of(request.scope), method=request.method)
     return error_response(ApiError())

@@ -46,7 +46,7 @@ async def list_alerts(request: Request) -> Response:
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
     after = (cursor[0], cursor[1]) if cursor else None
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await alerts.page(conn, pid, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -128,7 +128,7 @@ async def list_deliveries(request: Request) -> Response:
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
     after = (cursor[0], cursor[1]) if cursor else None
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await alerts.deliveries(conn, row["id"], after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]

@@ -85,7 +85,7 @@ async def list_apps(request: Request) -> Response:
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
     after = (cursor[0], cursor[1]) if cursor else None
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await apps.page(conn, pid, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -215,7 +215,7 @@ async def list_workflows(request: Request) -> Response:
     pid = await project(request)
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_text)
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await apps.workflows_page(conn, pid, cursor[0] if cursor else None, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]

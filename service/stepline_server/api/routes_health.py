@@ -17,11 +17,17 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """Ready while a primary answers: a server that is away, or read-only (a standby, the old
+    primary after a failover), is not ready."""
     try:
         async with orch(request).pool.acquire(timeout=2) as conn:
-            await conn.fetchval(Q["ping"])
+            writable = await conn.fetchval(Q["writable"])
     except Exception:
-        return json_response({"status": "unavailable"}, 503)
+        writable = False
+    if not writable:
+        response = json_response({"status": "unavailable"}, 503)
+        response.headers["retry-after"] = "1"
+        return response
     return json_response({"status": "ok"})
 
 
@@ -29,7 +35,7 @@ async def metrics(request: Request) -> Response:
     o = orch(request)
     o.sample()
     try:
-        async with o.pool.acquire(timeout=2) as conn:
+        async with o.read_pool.acquire(timeout=2) as conn:
             sample = Sample(*await dispatch.backlog(conn))
     except Exception:
         sample = Sample(-1, -1.0)  # the database did not answer: the scrape still works

@@ -113,7 +113,7 @@ async def list_operations(request: Request) -> Response:
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_time, pagination.as_uuid)
     before = (cursor[0], cursor[1]) if cursor else None
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await operations.page(conn, pid, before, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]

@@ -9,7 +9,6 @@ without the wrapper.
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from starlette.responses import Response
 
 from stepline import wire
 from stepline.protocol import ProgressRequest
+from stepline_server.api import patience
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
     ApiError,
@@ -28,13 +28,14 @@ from stepline_server.api.errors import (
     PayloadTooLarge,
     StaleInvocation,
     Unauthorized,
+    Unavailable,
     ValidationFailed,
     error_body,
+    error_headers,
     from_validation,
 )
 from stepline_server.api.responses import json_response
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
-from stepline_server.loops.backoff import Backoff
 from stepline_server.store import db, dispatch
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ log = structlog.get_logger("stepline.api")
 
 MAX_PROGRESS_BODY = 16 * 1024 * 1024
 MAX_RESULT_BYTES = 1024 * 1024
-DATABASE_PATIENCE_SECONDS = 10.0
+PROGRESS_ROUTE = "/v1/invocations/{invocationId}/progress"
 
 
 def authorize(o: Orchestrator, invocation: str, authorization: str) -> tuple[uuid.UUID, str]:
@@ -105,18 +106,10 @@ async def commit_progress(
 
 
 async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed | None:
-    """Commit the call, waiting out a database that is briefly away (a restart) rather than
-    failing the step: the call is fenced by its lease and de-duplicated by its seq."""
-    pause = Backoff(cap=0.5)
-    give_up = time.monotonic() + DATABASE_PATIENCE_SECONDS
-    while True:
-        try:
-            return await o.batcher.apply(item)
-        except Exception as exc:
-            if not db.is_transient(exc) or time.monotonic() > give_up:
-                raise
-            log.warning("progress_waits_for_database", error=str(exc))
-            await pause.wait()
+    """Commit the call, waiting out a database that is briefly away (a restart, a failover)
+    rather than failing the step: the call is fenced by its lease and de-duplicated by its seq
+    and digest, so a try whose commit was lost comes back as applied."""
+    return await patience.patiently(lambda _again: o.batcher.apply(item), "progress")
 
 
 def _check_storable(call: ProgressRequest) -> None:
@@ -175,6 +168,7 @@ class ProgressFastPath:
 
     async def _progress(self, scope: Scope, receive: Receive, send: Send, invocation: str) -> None:
         status = 200
+        extra: dict[str, str] = {}
         headers = dict(scope["headers"])
         try:
             o = self.state.orchestrator
@@ -183,9 +177,13 @@ class ProgressFastPath:
             raw = await _read_body(receive, headers.get(b"content-length", b"").decode("latin-1"))
             answer = await commit_progress(o, invocation_id, lease, raw)
         except ApiError as exc:
-            status, answer = exc.status, error_body(exc)
+            status, answer, extra = exc.status, error_body(exc), error_headers(exc)
+        except db.UNAVAILABLE as exc:  # still away after the patience: the SDK tries again
+            log.warning("request_unavailable", route=PROGRESS_ROUTE, error=str(exc))
+            away = Unavailable()
+            status, answer, extra = away.status, error_body(away), error_headers(away)
         except Exception:
-            log.exception("request_failed", route="/v1/invocations/{invocationId}/progress")
+            log.exception("request_failed", route=PROGRESS_ROUTE)
             status, answer = 500, error_body(ApiError())
         content = orjson.dumps(answer)
         await send(
@@ -195,6 +193,7 @@ class ProgressFastPath:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(content)).encode()),
+                    *((k.encode(), v.encode()) for k, v in extra.items()),
                 ],
             }
         )

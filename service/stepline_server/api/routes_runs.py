@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -15,7 +16,7 @@ from starlette.responses import Response
 
 from stepline.wire import parse_duration
 from stepline_server import actions, reads, serialize
-from stepline_server.api import pagination
+from stepline_server.api import pagination, patience
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import (
     ApiError,
@@ -29,6 +30,9 @@ from stepline_server.engine import bulk, ids, inputs
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, leases, runs, waits
 from stepline_server.store.db import Conn, Record
+
+if TYPE_CHECKING:
+    from stepline_server.orchestrator import Orchestrator
 
 MAX_WAIT = 60.0
 RECHECK_SECONDS = 5.0  # a long poll reads the run again at least this often
@@ -57,11 +61,24 @@ async def start_run(request: Request) -> Response:
         run_key=body.run_key,
         priority=body.priority,
     )
+    return await patience.patiently(lambda again: _start(o, pid, body, new, again), "start")
+
+
+async def _start(
+    o: Orchestrator, pid: uuid.UUID, body: RunStart, new: runs.NewRun, again: bool
+) -> Response:
+    """Start ``new``; ``again``: a try before this one was cut off at its commit, so the run
+    it may have kept is looked for first (and answered as created)."""
     # This orchestrator's dispatcher takes the run at once (created leased to it, when it has
     # room); the others hear of it only when it has none.
     notify = o.dispatcher.tell_others()
     with o.dispatcher.slot() as slot:
         async with o.pool.acquire() as conn, conn.transaction():
+            kept = await runs.get(conn, pid, new.id) if again else None
+            if kept is not None:
+                o.metrics.run_started(body.workflow, "api")
+                answer = await reads.run_json(conn, kept, callback_url=reads.callback_url(o))
+                return json_response(answer, 201)
             wf = await apps.workflow(conn, pid, body.workflow)
             if wf is None:
                 raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
@@ -181,7 +198,7 @@ async def list_runs(request: Request) -> Response:
     )
     limit = pagination.limit_of(request)
     before = pagination.keyset_before(request)
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         found = await runs.search(conn, pid, f, before, limit + 1)
         rows, nxt = pagination.keyset_page(found, limit, "created_at")
         items = [await reads.run_json(conn, r, with_steps=False) for r in rows]

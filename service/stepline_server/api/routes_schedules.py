@@ -131,7 +131,7 @@ async def list_schedules(request: Request) -> Response:
     limit = pagination.limit_of(request)
     cursor = pagination.decode(request, pagination.as_time, pagination.as_text)
     after = (cursor[0], cursor[1]) if cursor else None
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         rows = await schedules.page(conn, pid, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]

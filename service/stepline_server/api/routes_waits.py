@@ -4,18 +4,21 @@ of events received."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline_server import actions, serialize
-from stepline_server.api import pagination
+from stepline_server.api import pagination, patience
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model
 from stepline_server.store import received_events, waits
+
+if TYPE_CHECKING:
+    from stepline_server.orchestrator import Orchestrator
 
 
 class EventSend(BaseModel):
@@ -38,6 +41,14 @@ async def get_callback(request: Request) -> Response:
 async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> Response:
     o = orch(request)
     body = await read_json(request)
+    return await patience.patiently(lambda again: _completed(o, cid, pid, body, again), "callback")
+
+
+async def _completed(
+    o: Orchestrator, cid: uuid.UUID, pid: uuid.UUID | None, body: Any, again: bool
+) -> Response:
+    """Complete the callback; ``again``: a try before this one was cut off at its commit, so
+    a callback completed with this very body was completed by it."""
     # The run is leased to this orchestrator as the callback completes, when its dispatcher
     # has room; the others hear of it only when it has none.
     notify = o.dispatcher.tell_others()
@@ -56,8 +67,8 @@ async def _complete(request: Request, cid: uuid.UUID, pid: uuid.UUID | None) -> 
             )
         slot.take(done.taken)
     answer = serialize.callback(row, o.signer.url(o.settings.base_url, str(cid)))
-    if done.repeated:  # the same body again (a retried delivery): already completed with it
-        answer["deduplicated"] = True
+    if done.repeated and not again:  # the same body again (a retried delivery), not our own
+        answer["deduplicated"] = True  # try whose commit was lost: already completed with it
     return json_response(answer)
 
 
@@ -77,17 +88,24 @@ async def send_event(request: Request) -> Response:
     pid = await project(request)
     body = await read_model(request, EventSend)
     o = orch(request)
-    async with o.pool.acquire() as conn:
-        event_id, sent = await actions.send_event(o, conn, pid, body.name, body.data, body.id)
-    answer = {
-        "id": event_id,
-        "name": body.name,
-        "matchedRuns": len(sent.matched),
-        "startedRuns": [str(r) for r in sent.started],
-    }
-    if sent.repeated:
-        answer["deduplicated"] = True
-    return json_response(answer, 202)
+    event_id = waits.event_row_id(pid, body.id)  # the same on every try
+
+    async def send(again: bool) -> Response:
+        async with o.pool.acquire() as conn:
+            public_id, sent = await actions.send_event(
+                o, conn, pid, body.name, body.data, body.id, event_id=event_id
+            )
+        answer = {
+            "id": public_id,
+            "name": body.name,
+            "matchedRuns": len(sent.matched),
+            "startedRuns": [str(r) for r in sent.started],
+        }
+        if sent.repeated and not again:  # after a lost commit, the repeat may be our own
+            answer["deduplicated"] = True
+        return json_response(answer, 202)
+
+    return await patience.patiently(send, "event")
 
 
 async def list_events(request: Request) -> Response:
@@ -100,7 +118,7 @@ async def list_events(request: Request) -> Response:
     )
     limit = pagination.limit_of(request)
     before = pagination.keyset_before(request)
-    async with orch(request).pool.acquire() as conn:
+    async with orch(request).read_pool.acquire() as conn:
         found = await received_events.page(conn, pid, f, before, limit + 1)
     rows, nxt = pagination.keyset_page(found, limit, "received_at")
     return json_response({"events": [serialize.received_event(r) for r in rows], "nextCursor": nxt})

@@ -17,6 +17,8 @@ from typing import Any
 
 import uvicorn
 
+KEEP_ALIVE_SECONDS = 75  # as nginx: longer than clients keep an idle connection
+
 
 class Server(uvicorn.Server):
     """A uvicorn server that installs no signal handlers of its own."""
@@ -45,6 +47,10 @@ def server(app: Any, host: str, port: int, *, log_level: str = "warning") -> Ser
         access_log=False,
         proxy_headers=False,
         log_config=None,  # uvicorn's records go through stepline's logging (logs.py)
+        # An idle keep-alive connection is closed by the client, not by us: closed here after
+        # uvicorn's 5 s (httpx's own idle limit too), a request the client sends on it at that
+        # moment gets no answer at all.
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     return Server(config)
 

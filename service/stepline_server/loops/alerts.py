@@ -76,7 +76,8 @@ class AlertDelivery:
                 except Exception as exc:
                     if not db.is_transient(exc):
                         raise
-                    log.warning("alerts_database_away", error=str(exc))
+                    if backoff.failures == 0:
+                        log.warning("alerts_database_away", error=str(exc))
                     await backoff.wait()
                     continue
                 self._wake.clear()

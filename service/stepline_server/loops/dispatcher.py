@@ -170,7 +170,8 @@ class Dispatcher:
                 except Exception as exc:
                     if not db.is_transient(exc):
                         raise
-                    log.warning("claim_failed", error=str(exc))
+                    if pause.failures == 0:  # once an outage, not once a try
+                        log.warning("claim_failed", error=str(exc))
                     self.database_was_away()
                     await pause.wait()
         finally:
@@ -246,7 +247,8 @@ class Dispatcher:
                 except Exception as exc:
                     if not db.is_transient(exc):
                         raise
-                    log.warning("begin_waits_for_database", error=str(exc))
+                    if pause.failures == 0:
+                        log.warning("begin_waits_for_database", error=str(exc))
                     await pause.wait()
         finally:
             self._beginning = False
@@ -332,7 +334,8 @@ class Dispatcher:
                 async with self.pool.acquire() as conn:
                     await self._beat_forever(conn, interval, pause)
             except Exception as exc:
-                log.warning("heartbeat_failed", error=str(exc), leases=len(self._inflight))
+                if pause.failures == 0 or not db.is_transient(exc):
+                    log.warning("heartbeat_failed", error=str(exc), leases=len(self._inflight))
                 if db.is_transient(exc):
                     self.database_was_away()
                 await pause.wait()
@@ -572,7 +575,8 @@ class Dispatcher:
             except Exception as exc:
                 if not db.is_transient(exc) or time.monotonic() > give_up:
                     raise
-                log.warning("outcome_waits_for_database", error=str(exc))
+                if pause.failures == 0:
+                    log.warning("outcome_waits_for_database", error=str(exc))
                 await pause.wait()
 
     def _failure(

@@ -44,6 +44,7 @@ async def listen(
     every run that ended, ``on_schedule`` when a schedule came due early (its buffered tick
     may start), ``on_connected`` each time it starts listening (what it missed while away is
     unknown); loops still poll without them."""
+    lost = False  # warned of this outage already: one warning, not one a try
     while True:
         conn = None
         try:
@@ -54,6 +55,7 @@ async def listen(
             if on_schedule is not None:
                 await conn.add_listener(SCHEDULE_CHANNEL, _wake_callback(on_schedule))
             log.info("listener_connected")
+            lost = False
             on_notify()  # anything that came due while we were away
             if on_connected is not None:
                 on_connected()
@@ -63,7 +65,9 @@ async def listen(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("listener_lost", error=str(exc))
+            if not lost:
+                log.warning("listener_lost", error=str(exc))
+            lost = True
         finally:
             if conn is not None and not conn.is_closed():
                 await conn.close()

@@ -118,17 +118,20 @@ async def connect(dsn: str) -> Conn:
     return conn
 
 
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,  # ConnectionError included: refused, reset; TimeoutError (no answer) too
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,  # the connection closed under the statement
+    asyncpg.InternalClientError,  # mid-exchange by the break; no host matched the session attrs
+    asyncpg.CannotConnectNowError,
+    asyncpg.OperatorInterventionError,  # admin shutdown, crash shutdown
+    asyncpg.ReadOnlySQLTransactionError,  # 25006: the server is a standby now (a failover)
+)
+"""What a database that is away raises (a restart, a failover, a dropped connection, a server
+starting up or demoted), rather than a statement that was wrong: the same work may be tried
+again, on the primary there is then."""
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database went away (a restart, a dropped connection, a server
-    starting up) rather than that a statement was wrong: the same work may be tried again."""
-    return isinstance(
-        exc,
-        (
-            OSError,  # ConnectionError included: refused, reset
-            asyncpg.PostgresConnectionError,
-            asyncpg.InterfaceError,  # the connection closed under the statement
-            asyncpg.InternalClientError,  # a connection left mid-exchange by the break
-            asyncpg.CannotConnectNowError,
-            asyncpg.OperatorInterventionError,  # admin shutdown, crash shutdown
-        ),
-    )
+    """Whether ``exc`` says the database went away (see :data:`UNAVAILABLE`)."""
+    return isinstance(exc, UNAVAILABLE)

@@ -181,8 +181,9 @@ SELECT id FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelli
 -- name: notify_wake
 SELECT pg_notify('stepline_wake', '');
 
--- name: ping
-SELECT 1;
+-- name: writable
+-- Whether this server takes writes: not a standby, not read-only by default.
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
 
 -- name: run_invocations
 -- The invocations of run $1 (project $2) begun after history seq $3, in order, each with how

@@ -349,15 +349,17 @@ ALTER TABLE apps ADD COLUMN sdk_version text;
 COMMENT ON COLUMN apps.sdk_version IS 'The SDK version the app declared at its last sync.';
 
 -- The database a run's history snapshot was taken in: a snapshot of another cluster (a
--- pg_dump restored, a logical copy) says nothing of this one's transactions.
+-- pg_dump restored, a logical copy) or of another timeline (before a failover's promotion) says
+-- nothing of this one's transactions.
 ALTER TABLE runs ADD COLUMN history_db text;
 COMMENT ON COLUMN runs.history_db IS 'stepline_database_id() of the database history_snapshot was taken in: in any other, the next invocation gets every step.';
 
 CREATE FUNCTION stepline_database_id() RETURNS text LANGUAGE sql STABLE AS $$
     SELECT (SELECT system_identifier FROM pg_control_system())::text || '/'
-           || (SELECT oid FROM pg_database WHERE datname = current_database())::text
+           || (SELECT oid FROM pg_database WHERE datname = current_database())::text || '/'
+           || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
 $$;
-COMMENT ON FUNCTION stepline_database_id() IS 'This database''s identity: the cluster''s system identifier and the database''s oid. A dump restored elsewhere, or a logical copy, has another.';
+COMMENT ON FUNCTION stepline_database_id() IS 'This database''s identity: the cluster''s system identifier, the database''s oid and the timeline (on a primary). A dump restored elsewhere, a logical copy, or a standby promoted has another.';
 
 -- What every lease answers: one shape for every caller.
 CREATE TYPE lease_claim AS (

@@ -95,6 +95,7 @@ async def send_event(
     key: str | None = None,
     *,
     notify: bool = True,
+    event_id: uuid.UUID | None = None,
 ) -> tuple[str, Sent]:
     """Record the event (of the sender's id ``key``, when given), resume every run waiting for
     event ``name`` whose match fields all equal ``data``'s, and start a run of every workflow
@@ -102,8 +103,10 @@ async def send_event(
     event's id (the sender's, else the stored event's) and what was done. A second send of one
     ``key`` does nothing again and answers the first send's outcome. Serialised with waits for
     the same event being recorded (:func:`~stepline_server.store.dispatch.lock_event_name`),
-    so an event and a wait committed at once never miss each other."""
-    event_id = event_row_id(project_id, key)
+    so an event and a wait committed at once never miss each other. ``event_id``: the id
+    :func:`event_row_id` gave, when a try of this send whose commit was lost came first (the
+    same id finds what it kept)."""
+    event_id = event_id or event_row_id(project_id, key)
     public_id = key if key is not None else str(event_id)
     async with conn.transaction():
         await dispatch.lock_event_name(conn, project_id, name)

@@ -21,7 +21,7 @@ EVENTS_SHOWN = 100  # the newest events received, on the events page
 
 
 async def workflows_page(r: Req) -> Response:
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         rows = await apps.workflows_page(conn, r.pid, None, 500)
         names = {a["slug"]: a["name"] for a in await apps.page(conn, r.pid, None, 500)}
     return r.page(
@@ -33,7 +33,7 @@ async def workflows_page(r: Req) -> Response:
 
 
 async def apps_page(r: Req) -> Response:
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         rows = await apps.page(conn, r.pid, None, 500)
     return r.page("apps.html", title="Apps", apps=[serialize.app(a) for a in rows])
 
@@ -87,7 +87,7 @@ async def change_app(r: Req) -> Response:
 
 
 async def schedules_page(r: Req) -> Response:
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         rows = await schedules.page(conn, r.pid, None, 500)
     return r.page(
         "schedules.html", title="Schedules", schedules=[serialize.schedule(s) for s in rows]
@@ -120,7 +120,7 @@ async def change_schedule(r: Req) -> Response:
 async def events_page(r: Req) -> Response:
     """The send form, and the events received (kept a day) with the runs each resumed and
     started."""
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         received = [_event(e) for e in await received_events.recent(conn, r.pid, EVENTS_SHOWN)]
         ids = {uuid.UUID(i) for e in received for i in e["resumed"] + e["started"]}
         found = await received_events.runs_named(conn, r.pid, sorted(ids))

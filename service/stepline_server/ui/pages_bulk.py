@@ -184,7 +184,7 @@ async def cancel_operation(r: Req) -> Response:
 
 
 async def operations_page(r: Req) -> Response:
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         rows = await operations.page(conn, r.pid, None, 100)
     return r.page(
         "operations.html", title="Operations", operations=[serialize.operation(x) for x in rows]

@@ -114,7 +114,7 @@ def _cursor(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
 async def _rows(r: Req) -> dict[str, Any]:
     f, kept = _filters(r)
     before = _cursor(r.request.query_params.get("page"))
-    async with r.orch.pool.acquire() as conn:
+    async with r.orch.read_pool.acquire() as conn:
         rows = await runs.search(conn, r.pid, f, before, PAGE + 1)
         items = [await reads.run_json(conn, row, with_steps=False) for row in rows[:PAGE]]
         workflows = [w["name"] for w in await apps.workflows_page(conn, r.pid, None, 500)]

@@ -1,0 +1,1 @@
+"""The failover test: the chaos load on a pg_auto_failover formation whose primary dies."""
