@@ -37,7 +37,8 @@ async def test_a_retry_backoff_holds_when_another_branch_wakes_the_run(database_
         for _ in range(200):
             detail = await stack.client.get_run(run["id"])
             steps = {s["name"]: s for s in detail["steps"]}
-            if steps.get("flaky", {}).get("status") == "retrying" and "publish" in steps:
+            published = steps.get("publish", {}).get("status") == "completed"
+            if steps.get("flaky", {}).get("status") == "retrying" and published:
                 break
             await asyncio.sleep(0.05)
         await stack.client.complete_callback(steps["publish"]["output"], {"ok": True})
