@@ -110,7 +110,7 @@ class CountingTransport(Transport):
 
 
 sl = stepline.Stepline()
-sl.transport = CountingTransport()
+sl.runtime.transport = CountingTransport()
 
 
 async def trivial(i: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from stepline import protocol
 from stepline._client import ApiError, AsyncClient, Client
 from stepline._context import Callback, Context
+from stepline._definitions import Concurrency, RateLimit, Retries
 from stepline._durations import parse_duration
 from stepline._errors import (
     CallbackTimeout,
@@ -16,9 +17,10 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
+from stepline._version import __version__
 from stepline._webhooks import verify_webhook
 from stepline._worker import Worker
-from stepline._workflow import Concurrency, RateLimit, Retries, Stepline, __version__
+from stepline._workflow import Stepline
 
 __all__ = [
     "ApiError",

@@ -38,7 +38,7 @@ from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
 
 if TYPE_CHECKING:
-    from stepline._workflow import WorkflowDef
+    from stepline._definitions import WorkflowDef
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -22,6 +22,7 @@ import pydantic
 
 from stepline import _json, _loops, _tracing, protocol
 from stepline._context import Context, _Op
+from stepline._definitions import WorkflowDef
 from stepline._durations import to_ms
 from stepline._errors import (
     WORKFLOW_FAILED,
@@ -36,7 +37,6 @@ from stepline._history import thaw
 from stepline._logs import capturing
 from stepline._parked import adoptable
 from stepline._transport import ProgressSender, StaleInvocation
-from stepline._workflow import WorkflowDef
 from stepline.protocol import Action, InvokeStatus, StepUpdate
 
 logger = logging.getLogger("stepline")

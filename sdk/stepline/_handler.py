@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pydantic
 
 from stepline import _json, _signing, protocol
 from stepline._errors import SignatureError
 from stepline._transport import OrchestratorUnavailable
-
-if TYPE_CHECKING:
-    from stepline._workflow import Stepline
+from stepline._version import __version__
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -29,6 +27,22 @@ MAX_CRASH_MESSAGE = 1000
 """A 500's message (the exception's type and message) is cut to this many characters."""
 
 logger = logging.getLogger("stepline")
+
+
+class App(Protocol):
+    """What the handler answers for (:class:`stepline.Stepline`)."""
+
+    signing_secrets: tuple[str, ...]
+
+    def describe(self) -> protocol.DescribeResponse: ...
+
+    def get(self, name: str) -> object | None: ...
+
+    async def invoke(
+        self, request: protocol.InvokeRequest, traceparent: str | None = None
+    ) -> protocol.InvokeResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _Reject(Exception):
@@ -48,7 +62,7 @@ class _Reject(Exception):
 class Handler:
     """ASGI app answering the orchestrator's signed ``describe`` and ``invoke`` calls."""
 
-    def __init__(self, stepline: Stepline) -> None:
+    def __init__(self, stepline: App) -> None:
         self._replays = _signing.ReplayGuard()
         self.stepline = stepline
 
@@ -134,8 +148,6 @@ class Handler:
 
 
 def _version() -> str:
-    from stepline._workflow import __version__
-
     return __version__
 
 

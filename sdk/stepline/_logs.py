@@ -24,7 +24,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from stepline import _json
 from stepline.protocol import (
@@ -34,9 +34,6 @@ from stepline.protocol import (
     LogLevel,
     LogLine,
 )
-
-if TYPE_CHECKING:
-    from stepline._context import Context
 
 __all__ = ["LogBuffer", "RunLog", "capturing", "level_of"]
 
@@ -149,11 +146,20 @@ class LogBuffer:
             return lines, max(dropped, 0)
 
 
+class _Run(Protocol):
+    """What a run log reads of its run's context (:class:`stepline.Context`)."""
+
+    run_id: str
+    workflow: str
+
+    def replaying(self) -> bool: ...
+
+
 class RunLog:
     """``ctx.log``: ``ctx.log.info("charged", amount=5)`` keeps a line on the run (also
     ``debug``, ``warning`` and ``error``); keyword arguments become its ``fields``."""
 
-    def __init__(self, ctx: Context, buffer: LogBuffer) -> None:
+    def __init__(self, ctx: _Run, buffer: LogBuffer) -> None:
         self._ctx = ctx
         self._buffer = buffer
 

@@ -17,16 +17,14 @@ loop replays instead, and what was parked on loops since closed is let go.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from stepline import _loops
 from stepline.protocol import StepRecord, StepStatus
-
-if TYPE_CHECKING:
-    from stepline._engine import Invocation
 
 DEFAULT_MAX_RUNS = 256
 DEFAULT_MAX_SECONDS = 600.0
@@ -62,7 +60,20 @@ def adoptable(
     return ending
 
 
-class ParkedRuns:
+class Parkable(Protocol):
+    """What is parked: an execution (:class:`stepline._engine.Invocation`) that runs on
+    ``loop`` (None before it ran) and can be let go."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    def abandon(self) -> None: ...
+
+
+Invocation = TypeVar("Invocation", bound=Parkable)
+
+
+class ParkedRuns(Generic[Invocation]):
     """Parked executions by run id."""
 
     def __init__(

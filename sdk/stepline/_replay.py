@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from stepline import protocol
 from stepline._context import Context, _Op
+from stepline._definitions import WorkflowDef
 from stepline._engine import Invocation
 from stepline._errors import DuplicateStepError, NondeterminismError, SteplineError
-from stepline._workflow import WorkflowDef
 from stepline.protocol import InvokeStatus, StepKind, StepRecord, StepStatus
 
 REPLAY_TIMEOUT = 30.0

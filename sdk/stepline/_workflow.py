@@ -1,143 +1,46 @@
-"""The workflow registry: :class:`Stepline` (one per app), :class:`Retries` and the decorator."""
+"""The workflow registry: :class:`Stepline` (one per app) and its ``workflow`` decorator.
+
+It records what the app hosts and answers ``describe``; running an invocation is the runtime's
+(:class:`stepline._runtime.Runtime`: replay, parked executions, kept histories), which it owns
+and hands each ``invoke`` to."""
 
 from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from stepline import protocol
+from stepline._definitions import WORKFLOW_NAME, Concurrency, RateLimit, Retries, WorkflowDef
 from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
+from stepline._handler import Handler
 from stepline._history import DEFAULT_MAX_BYTES, HistoryCache
 from stepline._parked import DEFAULT_MAX_RUNS, ParkedRuns
-from stepline._transport import StaleInvocation, Transport
-from stepline._types import Signature, signature_of
+from stepline._runtime import Runtime
+from stepline._transport import Transport
+from stepline._types import signature_of
+from stepline._version import __version__
 
 if TYPE_CHECKING:
     from stepline._context import Context
-    from stepline._handler import Handler
+    from stepline._engine import Invocation
 
-__version__ = "0.1.0"
-
-WORKFLOW_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_GOES_ON = (protocol.InvokeStatus.SUSPENDED, protocol.InvokeStatus.STALE)
-"""Answers after which the run is invoked again in the same generation: its history is kept."""
+__all__ = [
+    "WORKFLOW_NAME",
+    "Concurrency",
+    "RateLimit",
+    "Retries",
+    "Stepline",
+    "WorkflowDef",
+    "__version__",
+]
 
 WorkflowFn = Callable[["Context", Any], Awaitable[Any]]
 F = TypeVar("F", bound=WorkflowFn)
-
-
-@dataclass(frozen=True)
-class Retries:
-    """How often a failing step runs: ``attempts`` counts every try, the first included. A try
-    whose outcome was never recorded (the app, the orchestrator or the database went away
-    mid-step) runs again as the same attempt: that is a delivery failure, not a used attempt.
-
-    The delay before try ``n + 1`` is ``min(max_delay, initial_delay * factor ** (n - 1))``.
-    """
-
-    attempts: int = 3
-    initial_delay: Duration = "1s"
-    max_delay: Duration = "1h"
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise TypeError("Retries.attempts must be an int")
-        if self.attempts < 1:
-            raise ValueError("Retries.attempts must be at least 1 (it counts the first try)")
-        if self.factor < 1:
-            raise ValueError("Retries.factor must be at least 1")
-        to_ms(self.initial_delay), to_ms(self.max_delay)  # validate early
-
-    def delay_ms(self, attempt: int) -> int:
-        """The delay after failed try ``attempt`` (counted from 1)."""
-        delay = to_ms(self.initial_delay) * self.factor ** max(0, attempt - 1)
-        return int(min(to_ms(self.max_delay), delay))
-
-    def policy(self) -> protocol.RetryPolicy:
-        """As the wire protocol describes it."""
-        return protocol.RetryPolicy(
-            attempts=self.attempts,
-            initialDelayMs=to_ms(self.initial_delay),
-            maxDelayMs=to_ms(self.max_delay),
-            factor=self.factor,
-        )
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """At most ``limit`` runs of a workflow are invoked at once; with ``key`` (an input field),
-    at most ``limit`` per value of that field, while runs of other values go on."""
-
-    limit: int
-    key: str | None = None
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """At most ``limit`` runs of a workflow start (are invoked for the first time) in any
-    window of ``period`` (a sliding window); with ``key`` (an input field), at most ``limit``
-    per value of that field. The runs beyond it wait their turn; none is dropped."""
-
-    limit: int
-    period: Duration = "1m"
-    key: str | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            raise TypeError("RateLimit.limit must be an int")
-        if self.limit < 1:
-            raise ValueError("RateLimit.limit must be at least 1")
-        if to_ms(self.period) < 1:
-            raise ValueError("RateLimit.period must be a duration of at least 1 ms")
-        if self.key is not None and (not isinstance(self.key, str) or not self.key):
-            raise ValueError("RateLimit.key must be the name of an input field")
-
-    def spec(self) -> protocol.RateLimitSpec:
-        """As the wire protocol describes it."""
-        return protocol.RateLimitSpec(limit=self.limit, periodMs=to_ms(self.period), key=self.key)
-
-
-@dataclass(frozen=True)
-class WorkflowDef:
-    """A registered workflow: its function and options."""
-
-    name: str
-    fn: WorkflowFn
-    retries: Retries = field(default_factory=Retries)
-    timeout_ms: int | None = None
-    concurrency: int | None = None
-    schedule: protocol.ScheduleSpec | None = None
-    delivery_window_ms: int | None = None
-    signature: Signature = field(default_factory=Signature)
-    on_event: str | None = None
-    concurrency_key: str | None = None
-    singleton_key: str | None = None
-    rate_limit: RateLimit | None = None
-
-    def info(self) -> protocol.WorkflowInfo:
-        """As ``describe`` reports it."""
-        return protocol.WorkflowInfo(
-            name=self.name,
-            retries=self.retries.policy(),
-            timeoutMs=self.timeout_ms,
-            concurrency=self.concurrency,
-            schedule=self.schedule,
-            deliveryWindowMs=self.delivery_window_ms,
-            inputSchema=self.signature.input_schema(),
-            outputSchema=self.signature.output_schema(),
-            onEvent=self.on_event,
-            concurrencyKey=self.concurrency_key,
-            singletonKey=self.singleton_key,
-            rateLimit=self.rate_limit.spec() if self.rate_limit else None,
-        )
 
 
 def _schedule(
@@ -188,12 +91,25 @@ class Stepline:
         parked_runs: int = DEFAULT_MAX_RUNS,
     ) -> None:
         self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
-        self.histories = HistoryCache(history_cache_bytes)
-        self.parked = ParkedRuns(parked_runs)
+        self.runtime = Runtime(http_client, history_cache_bytes, parked_runs)
         self._named_deployment_id = deployment_id or detect_deployment_id()
         self._code_deployment_id: str | None = None  # derived when first needed
-        self.transport = Transport(http_client)
         self._workflows: dict[str, WorkflowDef] = {}
+
+    @property
+    def histories(self) -> HistoryCache:
+        """The runs' histories kept between invocations (the runtime's)."""
+        return self.runtime.histories
+
+    @property
+    def parked(self) -> ParkedRuns[Invocation]:
+        """The executions parked between invocations (the runtime's)."""
+        return self.runtime.parked
+
+    @property
+    def transport(self) -> Transport:
+        """The progress calls' transport (the runtime's)."""
+        return self.runtime.transport
 
     def workflow(
         self,
@@ -298,8 +214,6 @@ class Stepline:
 
     def asgi(self) -> Handler:
         """The pure ASGI app to mount (any path): answers the orchestrator's signed calls."""
-        from stepline._handler import Handler
-
         return Handler(self)
 
     async def invoke(
@@ -311,42 +225,15 @@ class Stepline:
         Raises ``LookupError`` for an unknown workflow and
         :class:`stepline._transport.OrchestratorUnavailable` when progress calls keep failing.
         """
-        from stepline._engine import Invocation
-
         definition = self._workflows.get(request.workflow)
         if definition is None:
             raise LookupError(f"workflow {request.workflow!r} is not registered in this app")
-        changed = request.steps
-        parked = self.parked.take(request.run_id)
-        try:
-            whole = await self.histories.complete(request, self.transport.history)
-        except StaleInvocation:
-            if parked is not None:
-                parked.abandon()
-            return protocol.InvokeResponse(status=protocol.InvokeStatus.STALE)
-        ending = None
-        if parked is not None and parked.definition is definition:  # the same code
-            ending = parked.resumable(request, changed)
-        if parked is not None and ending:
-            self.parked.resumed += 1
-            invocation = parked
-            response = await parked.resume(whole, ending, traceparent)
-        else:
-            if parked is not None:
-                parked.abandon()
-            invocation = Invocation(
-                definition, whole, self.transport, traceparent, may_park=self.parked.max_runs > 0
-            )
-            response = await invocation.run()
-        if invocation.parked:
-            self.parked.keep(request.run_id, invocation)
-        if response.status not in _GOES_ON:
-            self.histories.forget(request.run_id)  # the run ended or starts a new generation
+        response = await self.runtime.invoke(definition, request, traceparent)
         response.deployment_id = self.deployment_id
         response.protocol_version = protocol.PROTOCOL_VERSION
         return response
 
     async def aclose(self) -> None:
-        """Close the HTTP client used for progress calls (when Stepline made it)."""
-        self.parked.clear()
-        await self.transport.aclose()
+        """Let parked executions go and close the HTTP client used for progress calls (when
+        Stepline made it)."""
+        await self.runtime.aclose()

@@ -94,7 +94,7 @@ async def test_a_loop_of_steps_and_sleeps_sends_only_what_changed(database_url: 
     ran: dict[str, int] = {}
     sl = looping_app(ran)
     transport = CountingHistories()
-    sl.transport = transport
+    sl.runtime.transport = transport
     seen = Seen(sl.asgi())
     async with orchestrator_stack(database_url) as stack, serve(seen) as app_url:
         await stack.register(sl, app_url + "/")
@@ -129,7 +129,7 @@ async def test_an_app_that_kept_no_history_fetches_it_whole(database_url: str) -
     ran: dict[str, int] = {}
     sl = looping_app(ran, history_cache_bytes=0)
     transport = CountingHistories()
-    sl.transport = transport
+    sl.runtime.transport = transport
     seen = Seen(sl.asgi())
     async with orchestrator_stack(database_url) as stack, serve(seen) as app_url:
         await stack.register(sl, app_url + "/")
@@ -181,7 +181,7 @@ async def test_a_pull_worker_lays_changes_over_its_history(database_url: str) ->
     ran: dict[str, int] = {}
     sl = looping_app(ran)
     transport = CountingHistories()
-    sl.transport = transport
+    sl.runtime.transport = transport
     async with orchestrator_stack(database_url) as stack:
         slug = await stack.register_pull("deltas")
         async with worker(stack, sl, slug):

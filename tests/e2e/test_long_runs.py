@@ -69,7 +69,7 @@ async def test_twenty_large_steps_then_a_sleep_complete(database_url: str, parke
     running across the sleep (parked), it fetches none."""
     sl = stepline.Stepline("secret-long", parked_runs=parked)
     transport = CountingFetches()
-    sl.transport = transport
+    sl.runtime.transport = transport
     ran: dict[str, int] = {}
 
     def big(i: int) -> str:
@@ -109,7 +109,7 @@ async def test_a_large_result_is_fetched_only_when_read_and_replays_equal(
     (every invocation replays: no execution is kept across the sleep)."""
     sl = stepline.Stepline("secret-long", parked_runs=0)
     transport = CountingFetches()
-    sl.transport = transport
+    sl.runtime.transport = transport
     value = {"rows": [{"i": i, "text": "é€😀" * 10, "x": i / 7} for i in range(3000)]}
     posted = {"blob": "z" * (300 * KB), "n": [1, 2.5, None, True]}
     seen: list[tuple[str, int, str]] = []

@@ -9,8 +9,8 @@ import pydantic
 
 import stepline
 from stepline import _replay
+from stepline._definitions import WorkflowDef
 from stepline._engine import Invocation
-from stepline._workflow import WorkflowDef
 from stepline.protocol import InvokeRequest, StepRecord
 from tests.unit.test_sdk_engine import Recorder, record, request
 

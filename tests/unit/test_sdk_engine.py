@@ -12,10 +12,10 @@ import pytest
 
 import stepline
 from stepline import protocol
+from stepline._definitions import WorkflowDef
 from stepline._engine import Invocation
 from stepline._errors import error_info
 from stepline._transport import StaleInvocation
-from stepline._workflow import WorkflowDef
 from stepline.protocol import StepRecord
 
 
