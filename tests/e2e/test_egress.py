@@ -108,7 +108,8 @@ async def test_loopback_is_allowed_when_listed_and_by_default(database_url: str)
             assert made.status_code == 201, made.text
             slug = made.json()["slug"]
             sl.signing_secrets = (made.json()["signingSecret"],)
-            synced = await http.post(f"/v1/apps/{slug}/sync")
+            # the second app takes the workflow the first one synced
+            synced = await http.post(f"/v1/apps/{slug}/sync", params={"takeOver": "true"})
             assert synced.status_code == 200, synced.text
 
 
