@@ -21,7 +21,8 @@ again), every run must end as the model says, and every step of every run ran at
 
 Every wait is bounded; one that runs out says what the model waited for and what the run shows.
 
-``make test`` runs a few examples (STEPLINE_MODEL_EXAMPLES, default 3, derandomized);
+``make test`` runs 4 derandomized examples of up to 20 rules (STEPLINE_MODEL_EXAMPLES,
+STEPLINE_MODEL_STEPS); STEPLINE_MODEL_VERBOSE=1 prints how many rules each example ran and its runs;
 ``make model`` runs it long with random draws (STEPLINE_MODEL_RANDOM=1; see the Makefile).
 """
 
@@ -61,8 +62,8 @@ from tests.model.world import ORCHESTRATORS, WORKERS, World
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("STEPLINE_MODEL_EXAMPLES", "3"))
-STEPS = int(os.environ.get("STEPLINE_MODEL_STEPS", "12"))
+EXAMPLES = int(os.environ.get("STEPLINE_MODEL_EXAMPLES", "4"))
+STEPS = int(os.environ.get("STEPLINE_MODEL_STEPS", "20"))
 BOUND = 45.0  # seconds any one wait of the model may take
 PAUSABLE = ["flow", "capped", "rated", "single"]
 # The rules that expose a defect known and not fixed yet (issue 30) run only when named in
@@ -250,6 +251,7 @@ class RunMachine(RuleBasedStateMachine):
         waiting."""
 
         async def shown() -> str | None:
+            self.world.revive_workers()
             got = await self.world.call("GET", f"/v1/runs/{run.id}")
             for step in got["steps"]:
                 if step["name"] == kind and step["status"] == "waiting":
@@ -281,6 +283,7 @@ class RunMachine(RuleBasedStateMachine):
 
     async def until_ended(self, run: Expected) -> dict[str, Any]:
         async def ended() -> dict[str, Any] | None:
+            self.world.revive_workers()
             shown = await self.world.call("GET", f"/v1/runs/{run.id}")
             return None if shown["status"] in ("running", "cancelling") else dict(shown)
 
@@ -297,6 +300,10 @@ class RunMachine(RuleBasedStateMachine):
         self.runs = {}
         self.example = next(_examples)  # a batch's keys are of this example's runs only
         self.start(**first)
+        if "pull-death" in KNOWN_DEFECTS:  # each example then has the run of that defect
+            self.start_doomed()
+        if "mixed-protocol" in KNOWN_DEFECTS:
+            self.start_fleet()
 
     @rule(**START)
     def start(
@@ -333,6 +340,11 @@ class RunMachine(RuleBasedStateMachine):
             born_epoch=self.world.app.ex.epoch,
             pg_epoch=self.world.pg_restarts,
         )
+
+    @rule(**START)
+    def start_more(self, **choices: Any) -> None:
+        """Another start (a second rule for it: starts are drawn as often as faults)."""
+        self.start(**choices)
 
     @precondition(lambda self: bool(self.waiting()))
     @rule(data=st.data())

@@ -41,6 +41,7 @@ class World:
     def __init__(self, fleet: bool = False) -> None:
         self.fleet = fleet  # with the app fleet of two protocol versions (tests/model/fleet.py)
         self.fleet_slug = ""
+        self.front: fleet.Front | None = None
         self.replicas: list[Proc] = []
         self._servers: list[tuple[uvicorn.Server, asyncio.Future[None]]] = []
         self.loop = asyncio.new_event_loop()
@@ -130,7 +131,7 @@ class World:
         """The fleet's front, the app registered at it, then its two replicas and a sync."""
         env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
         self.replicas = fleet.replicas(self.workdir, env, "")
-        front = fleet.Front([r.url for r in self.replicas])
+        front = self.front = fleet.Front([r.url for r in self.replicas])
         url = await self._serve(front)
         made = await self.call("POST", "/v1/apps", {"name": "model-fleet", "url": url + "/"})
         for replica in self.replicas:
@@ -228,7 +229,7 @@ class World:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving, 15)
-        for http in self.clients:
+        for http in self.clients + ([self.front.http] if self.front else []):
             await http.aclose()
         for sl in self.app.built:
             with contextlib.suppress(Exception):
