@@ -272,6 +272,8 @@ class RunMachine(RuleBasedStateMachine):
                 "POST", f"/v1/callbacks/{cid}", cb_body(run.tag, g), ok=False
             )
             assert answer.status_code == 200, answer.text
+            done = answer.json()  # the callback of this run, completed with this body
+            assert (done["runId"], done["body"]) == (run.id, cb_body(run.tag, g)), done
             run.callbacks.append(cid)
         else:
             sent = await self.world.call(
@@ -530,7 +532,9 @@ class RunMachine(RuleBasedStateMachine):
             events, ended=ended, touched=self.touched(run), begun_twice_ok=twice
         )
         problems += promises.delivered(events, run.callbacks, run.events)
-        problems += promises.not_while_paused(events, self.pauses.get(run.workflow, []))
+        problems += promises.not_while_paused(
+            events, self.pauses.get(run.workflow, []), self.world.pg_restart_times
+        )
         if ended and not self.touched(run):
             problems += promises.attempts(events, int(run.input.get("fails", 0)), ATTEMPTS)
         if not ended:

@@ -58,6 +58,7 @@ class World:
         self._serving: asyncio.Future[None] | None = None
         self.kills = 0
         self.pg_restarts = 0
+        self.pg_restart_times: list[float] = []  # when each began (epoch seconds)
         self.workers: list[Proc] = []
         self.record = self.workdir / "pull.jsonl"
         self._env: dict[str, str] = {}
@@ -210,6 +211,7 @@ class World:
 
     def restart_postgres(self) -> None:
         """``pg_ctl restart -m immediate``: every connection cut, nothing checkpointed."""
+        self.pg_restart_times.append(time.time())
         self.pg.restart_immediate()
         self.kills += 1
         self.pg_restarts += 1
