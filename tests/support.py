@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import subprocess
+import tarfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -18,6 +22,19 @@ from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
 from stepline_server.store import apps, db, keys
 from tests.ports import free_port
+
+
+def unpack_sdk(commit: str, folder: Path) -> None:
+    """The SDK package as it was at ``commit`` of this repository, unpacked into ``folder``
+    (``folder/sdk/stepline``): an older SDK for an app to run on."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", commit, "sdk/stepline"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
 
 
 async def read_body(receive: Any) -> bytes:

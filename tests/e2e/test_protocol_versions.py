@@ -6,12 +6,10 @@ URL (a rolling deploy, a rollback) runs every step once, whichever replica answe
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -24,7 +22,7 @@ import pytest
 import stepline
 from stepline.protocol import PROTOCOL_VERSION, InvokeRequest
 from tests.ports import free_port
-from tests.support import Stack, orchestrator_stack, read_body, serve
+from tests.support import Stack, orchestrator_stack, read_body, serve, unpack_sdk
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST_SDK = "7a8814b"  # the last commit whose SDK speaks protocol 1 (whole histories only)
@@ -104,13 +102,7 @@ class Bases:
 def old_sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The SDK package as it was at OLDEST_SDK, unpacked into a folder of its own."""
     folder = tmp_path_factory.mktemp("old-sdk")
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", OLDEST_SDK, "sdk/stepline"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(folder, filter="data")
+    unpack_sdk(OLDEST_SDK, folder)
     (folder / "oldapp.py").write_text(APP)
     yield folder
 

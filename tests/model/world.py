@@ -1,11 +1,15 @@
-"""The model test's world: a private PostgreSQL cluster, an orchestrator process (``stepline
-serve``, killed with ``kill -9`` and started again) and the app, served in this process on an
-event loop of its own (the test's rules are synchronous and call into it)."""
+"""The model test's world: a private PostgreSQL cluster, two live orchestrator processes on one
+database (``stepline serve``, either killed with ``kill -9`` and started again), the push app,
+served in this process on an event loop of its own (the test's rules are synchronous and call
+into it), and a pull app's two worker processes (``stepline worker``, one polling each
+orchestrator; a worker that died is started again). REST calls go to the orchestrators in
+turn."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import shutil
 import tempfile
 import threading
@@ -14,33 +18,32 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import httpx
 import uvicorn
 
 from tests.chaos.postgres import PrivateCluster
-from tests.chaos.procs import Proc, free_port, orchestrator_argv
+from tests.chaos.procs import Proc, free_port, orchestrator_argv, stepline_argv
 from tests.chaos.scenario import _child_env, _cli
-from tests.model.app import App
+from tests.model import fleet, pull_app
+from tests.model.app import App, Execution
 
 T = TypeVar("T")
 
 LEASE_SECONDS = 2.0
-
-# A run is stuck when it is not ended and has no way forward (the way-forward check's rule):
-# the model test asserts there is never one, rather than waiting for the check to repair it.
-STUCK = """
-SELECT r.id FROM runs r
-WHERE r.ready_at IS NULL AND r.ended_at IS NULL AND NOT r.held AND NOT r.paused
-  AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.id AND s.status = 'waiting'
-                  AND s.kind IN ('callback', 'event', 'invoke'))
-"""
+ORCHESTRATORS = 2
+WORKERS = 2
+DELIVERY_WINDOW = "15s"  # how long a run's deliveries may fail before it ends app_unreachable
 
 
 class World:
     """Everything the model test drives; ``run`` runs a coroutine on its loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, fleet: bool = False) -> None:
+        self.fleet = fleet  # with the app fleet of two protocol versions (tests/model/fleet.py)
+        self.fleet_slug = ""
+        self.front: fleet.Front | None = None
+        self.replicas: list[Proc] = []
+        self._servers: list[tuple[uvicorn.Server, asyncio.Future[None]]] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -48,11 +51,17 @@ class World:
         self.pg = PrivateCluster(free_port())
         self.app = App()
         self.key = ""
-        self.orchestrator: Proc | None = None
-        self.http: httpx.AsyncClient | None = None
+        self.orchestrators: list[Proc] = []
+        self.clients: list[httpx.AsyncClient] = []
+        self._turn = itertools.count()
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Future[None] | None = None
         self.kills = 0
+        self.pg_restarts = 0
+        self.pg_restart_times: list[float] = []  # when each began (epoch seconds)
+        self.workers: list[Proc] = []
+        self.record = self.workdir / "pull.jsonl"
+        self._env: dict[str, str] = {}
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -61,30 +70,34 @@ class World:
         self.pg.init()
         self.pg.start()
         env = _child_env(DATABASE_URL=self.pg.admin_dsn, STEPLINE_LOG_LEVEL="warning")
+        self._env = env
         _cli(env, "migrate")
         self.key = _cli(env, "keys", "create", "--name", "model").strip().splitlines()[-1]
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        orch_env = {
-            **env,
-            "STEPLINE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "STEPLINE_DELIVERY_BACKOFF_MAX": "1s",
-            "STEPLINE_PUBLIC_URL": url,
-        }
-        self.orchestrator = Proc(
-            "orchestrator", orchestrator_argv(port), orch_env, url, self.workdir / "orch.log"
-        )
-        self.orchestrator.start()
+        for i in range(ORCHESTRATORS):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            orch_env = {
+                **env,
+                "STEPLINE_LEASE_SECONDS": str(LEASE_SECONDS),
+                "STEPLINE_DELIVERY_BACKOFF_MAX": "1s",
+                "STEPLINE_DELIVERY_WINDOW": DELIVERY_WINDOW,
+                "STEPLINE_PUBLIC_URL": url,
+            }
+            log = self.workdir / f"orch{i}.log"
+            self.orchestrators.append(Proc(f"orch{i}", orchestrator_argv(port), orch_env, url, log))
+            self.orchestrators[-1].start()
         self.run(self._start())
 
     async def _start(self) -> None:
-        assert self.orchestrator is not None
-        await self.orchestrator.wait_ready("/healthz")
-        self.http = httpx.AsyncClient(
-            base_url=self.orchestrator.url,
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=30.0,
-        )
+        for orch in self.orchestrators:
+            await orch.wait_ready("/healthz")
+            self.clients.append(
+                httpx.AsyncClient(
+                    base_url=orch.url,
+                    headers={"Authorization": f"Bearer {self.key}"},
+                    timeout=30.0,
+                )
+            )
         app_port = free_port()
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=app_port, log_level="warning", lifespan="off"
@@ -98,15 +111,75 @@ class World:
         )
         self.app.restart(made["signingSecret"])
         await self.call("POST", f"/v1/apps/{made['slug']}/sync")
+        pull = await self.call("POST", "/v1/apps", {"name": "model-pull", "kind": "pull"})
+        for i in range(WORKERS):
+            argv = stepline_argv(
+                "worker", "tests.model.pull_app:sl", "--app", pull["slug"],
+                "--url", self.orchestrators[i % ORCHESTRATORS].url, "--api-key", self.key,
+                "--wait", "5", "--concurrency", "4", "--drain", "1",
+            )  # fmt: skip
+            env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
+            self.workers.append(Proc(f"worker{i}", argv, env, "", self.workdir / f"w{i}.log"))
+            self.workers[-1].start()
+        deadline = time.monotonic() + 60
+        while pull_app.PREFIX + "flow" not in str(await self.call("GET", "/v1/workflows")):
+            assert time.monotonic() < deadline, "the pull app's workers never synced"
+            await asyncio.sleep(0.1)
+        if self.fleet:
+            await self._start_fleet()
+
+    async def _start_fleet(self) -> None:
+        """The fleet's front, the app registered at it, then its two replicas and a sync."""
+        env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
+        self.replicas = fleet.replicas(self.workdir, env, "")
+        front = self.front = fleet.Front([r.url for r in self.replicas])
+        url = await self._serve(front)
+        made = await self.call("POST", "/v1/apps", {"name": "model-fleet", "url": url + "/"})
+        for replica in self.replicas:
+            replica.env["STEPLINE_MODEL_FLEET_SECRET"] = made["signingSecret"]
+            replica.start()
+        for replica in self.replicas:
+            await replica.wait_ready("/")
+        self.fleet_slug = made["slug"]
+        await self.call("POST", f"/v1/apps/{self.fleet_slug}/sync")
+
+    async def _serve(self, app: Any) -> str:
+        port = free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        self._servers.append((server, asyncio.ensure_future(server.serve())))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    def revive_workers(self) -> None:
+        """Start again each worker that died (a step that kills its worker)."""
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.poll() is not None:
+                self.app.ex.epoch += 1
+                worker.start()
+
+    def kill_worker(self, which: int) -> None:
+        """``kill -9`` of worker ``which`` (mid-step, maybe), started again at once."""
+        self.workers[which].kill()
+        self.app.ex.epoch += 1
+        self.workers[which].start()
+
+    def executions(self) -> list[Execution]:
+        """Every step execution, the push app's and the workers'."""
+        return self.app.ex.seen + pull_app.read(self.record)
 
     async def call(self, method: str, path: str, body: Any = None, *, ok: bool = True) -> Any:
         """A REST call, tried again while the orchestrator or the database is away; with
-        ``ok``, a 4xx answer fails the test (else the answer is returned whatever it is)."""
-        assert self.http is not None
+        ``ok``, a 4xx answer fails the test (else the answer is returned whatever it is). Each
+        try goes to the next orchestrator."""
         deadline = time.monotonic() + 60
         while True:
+            http = self.clients[next(self._turn) % len(self.clients)]
             try:
-                answer = await self.http.request(method, path, json=body)
+                answer = await http.request(method, path, json=body)
                 if answer.status_code < 500:
                     if ok and answer.status_code >= 400:
                         raise AssertionError(f"{method} {path}: {answer.text}")
@@ -120,44 +193,29 @@ class World:
                 )
             await asyncio.sleep(0.1)
 
-    def _orchestrator_log(self, lines: int = 60) -> str:
-        """The end of the orchestrator's log (what a failure quotes)."""
-        path = self.workdir / "orch.log"
-        if not path.exists():
-            return "(no orchestrator log)"
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
-        return "the orchestrator's log ends:\n" + "\n".join(line[:400] for line in tail)
+    def _orchestrator_log(self, lines: int = 40) -> str:
+        """The end of each orchestrator's log (what a failure quotes)."""
+        return "\n".join(
+            f"{orch.name}'s log ends:\n{orch.tail(lines)}" for orch in self.orchestrators
+        )
 
-    def kill_orchestrator(self) -> None:
-        """``kill -9`` of the orchestrator, started again at once (its leases lapse)."""
-        assert self.orchestrator is not None
-        self.orchestrator.kill()
+    def kill_orchestrator(self, which: int) -> None:
+        """``kill -9`` of orchestrator ``which``, started again at once (its leases lapse,
+        the other takes its runs over or it does once back)."""
+        orch = self.orchestrators[which]
+        orch.kill()
         self.kills += 1
         self.app.ex.epoch += 1
-        self.orchestrator.start()
-        self.run(self.orchestrator.wait_ready("/healthz"))
+        orch.start()
+        self.run(orch.wait_ready("/healthz"))
 
     def restart_postgres(self) -> None:
         """``pg_ctl restart -m immediate``: every connection cut, nothing checkpointed."""
+        self.pg_restart_times.append(time.time())
         self.pg.restart_immediate()
         self.kills += 1
+        self.pg_restarts += 1
         self.app.ex.epoch += 1
-
-    async def stuck(self) -> list[str]:
-        """The runs without a way forward right now (there must be none)."""
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = await asyncpg.connect(self.pg.admin_dsn)
-                break
-            except (OSError, asyncpg.PostgresError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-        try:
-            return [str(r["id"]) for r in await conn.fetch(STUCK)]
-        finally:
-            await conn.close()
 
     async def _stop(self) -> None:
         """Stop the app cleanly: its parked executions, its server (waiting for it to shut
@@ -169,8 +227,12 @@ class World:
             if self._serving is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._serving, 15)
-        if self.http is not None:
-            await self.http.aclose()
+        for server, serving in self._servers:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(serving, 15)
+        for http in self.clients + ([self.front.http] if self.front else []):
+            await http.aclose()
         for sl in self.app.built:
             with contextlib.suppress(Exception):
                 await sl.aclose()
@@ -183,8 +245,8 @@ class World:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.run(self._stop(), timeout=60)
-        if self.orchestrator is not None:
-            self.orchestrator.close()
+        for proc in self.workers + self.replicas + self.orchestrators:
+            proc.close()
         self.pg.remove()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
