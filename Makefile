@@ -88,8 +88,8 @@ fuzz: install
 # The model-based test of the run state machine (tests/model/test_model.py) run long: random
 # interleavings, MODEL_EXAMPLES examples of MODEL_STEPS rules each, again and again until
 # MODEL_MINUTES have passed (`make test` runs 4 derandomized examples of up to 20 rules). Fails on the first
-# counterexample, which hypothesis prints shrunk. STEPLINE_MODEL_KNOWN_DEFECTS=all (in the
-# environment) adds the rules exposing defects not fixed yet.
+# counterexample (shrunk with STEPLINE_MODEL_SHRINK=1). STEPLINE_MODEL_LEAVE_OUT and
+# STEPLINE_MODEL_OPEN_DEFECTS (in the environment) choose the checks tests/model/test_model.py names.
 MODEL_MINUTES ?= 30
 MODEL_EXAMPLES ?= 20
 MODEL_STEPS ?= 25

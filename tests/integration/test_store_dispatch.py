@@ -434,3 +434,45 @@ async def test_a_delta_follows_only_an_answer_of_an_sdk_that_reads_deltas(
         assert (await answer_then_begin(reads_deltas=True, deltas=False)).history_base is None
     finally:
         await conn.close()
+
+
+async def test_a_begin_tried_again_after_its_commit_was_lost_records_it_once(
+    database_url: str,
+) -> None:
+    """A begin whose commit went through but whose answer was lost (the connection dropped at
+    COMMIT) is tried again with the same claim: the invocation starts once in the history, and
+    the second try still answers the run, with its whole history (the delta base the first
+    try moved past is not trusted)."""
+    await keys_bootstrap(database_url)
+    conn = await db.connect(database_url)
+    try:
+        [(run_id, token, inv)] = await _leased_runs(conn, 1)
+        update = StepUpdate(name="a", kind="value", action="complete", output=1)
+        plan = plan_updates(str(run_id), [update])
+        await dispatch.begin_invocations(conn, [dispatch.Begin(run_id, token, inv, 1)])
+        outcome = dispatch.Outcome(status="suspended", reads_deltas=True)
+        done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
+        assert (await dispatch.commit(conn, [done]))[run_id].recorded
+        await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+        [claim] = await dispatch.claim(conn, "test", 60, 1)
+        start = dispatch.Begin(run_id, claim["lease_token"], claim["invocation_id"], 1)
+        first = (await dispatch.begin_invocations(conn, [start]))[run_id]
+        again = (await dispatch.begin_invocations(conn, [start]))[run_id]
+        started = await conn.fetchval(
+            "SELECT count(*) FROM run_events WHERE run_id = $1 AND type = 'invocation.started'"
+            " AND invocation_id = $2",
+            run_id,
+            claim["invocation_id"],
+        )
+        seqs = [
+            r["seq"]
+            for r in await conn.fetch(
+                "SELECT seq FROM run_events WHERE run_id = $1 ORDER BY seq", run_id
+            )
+        ]
+    finally:
+        await conn.close()
+    assert first.history_base == inv
+    assert started == 1
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert again.history_base is None and [s["name"] for s in again.steps] == ["a"]

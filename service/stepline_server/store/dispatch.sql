@@ -145,12 +145,17 @@ db AS MATERIALIZED (
 -- restored elsewhere, not a logical copy: their transactions are another cluster's) and that
 -- invocation was answered by an SDK that reads deltas (history_acked; not what the app declared
 -- at its last sync: another replica, of another SDK, may have answered since); else every step.
+-- A begin tried again after its commit went through unseen (the connection dropped at its commit)
+-- finds its own invocation already begun (again): it records and settles nothing more and sends
+-- every step, since the base its first try moved past is gone.
 held AS (
     SELECT q.run_id, q.invocation_id, q.attempt, a.deployment_id,
            CASE WHEN coalesce(q.deltas, true) AND runs.history_db = db.id
                      AND runs.history_acked = runs.history_invocation
+                     AND runs.history_invocation IS DISTINCT FROM q.invocation_id
                 THEN runs.history_snapshot END AS since,
-           runs.history_invocation AS base
+           runs.history_invocation AS base,
+           runs.history_invocation IS NOT DISTINCT FROM q.invocation_id AS again
     FROM q JOIN runs ON runs.id = q.run_id JOIN apps a ON a.id = runs.app_id CROSS JOIN db
     WHERE runs.lease_token = q.token AND runs.status IN ('running', 'cancelling')
     ORDER BY runs.id
@@ -164,7 +169,7 @@ resolved AS (
         ended_at = greatest(now(), CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
                                         ELSE steps.timeout_at END)
     FROM held q
-    WHERE steps.run_id = q.run_id
+    WHERE steps.run_id = q.run_id AND NOT q.again
       AND ((steps.status = 'sleeping'
             AND steps.wake_at <= now() + make_interval(secs => $2::double precision))
            OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
@@ -196,6 +201,7 @@ evs AS (
         SELECT q.run_id, 1, starts.at, 'invocation.started', NULL, q.invocation_id,
                q.deployment_id, jsonb_build_object('attempt', q.attempt)
         FROM held q JOIN starts ON starts.run_id = q.run_id
+        WHERE NOT q.again
     ) x
 ),
 counts AS (
