@@ -216,6 +216,9 @@ async def test_the_runs_list_asks_for_a_run_key_once_and_no_field_is_cut_off(env
     await page.goto(f"{env.stack.url}/ui/runs?runKey={RUN_KEY}")
     assert await page.input_value("input[name=q]") == RUN_KEY
     assert run["id"] in (await page.locator("#rows a").first.get_attribute("title") or "")
+    await page.goto(f"{env.stack.url}/ui/runs?q=order-2026-*")  # a prefix, as the API takes it
+    assert await page.locator("#rows tr").count() == 1
+    assert run["id"] in (await page.locator("#rows a").first.get_attribute("title") or "")
 
 
 async def test_a_retried_step_shows_each_try_with_its_outcome_and_error(env: Env) -> None:

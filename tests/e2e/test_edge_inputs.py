@@ -149,6 +149,13 @@ async def test_dashboard_forms_refuse_what_their_rest_routes_refuse(database_url
                 f"/ui/callbacks/{cid}", body=json.dumps({"n": 2**64 - 1}), back="/ui/runs"
             )
             assert ui.flash(page) == "Callback completed."
+            # The same body again is taken as the API takes it; another body is refused.
+            page = await ui.post(
+                f"/ui/callbacks/{cid}", body=json.dumps({"n": 2**64 - 1}), back="/ui/runs"
+            )
+            assert ui.flash(page) == "Callback already completed with this body."
+            page = await ui.post(f"/ui/callbacks/{cid}", body="2", back="/ui/runs")
+            assert ui.flash(page).startswith("Not completed: the callback is already completed")
             ended = await stack.client.wait_run(waiting["id"], timeout=20)
             assert ended["output"] == {"n": 2**64 - 1}
 

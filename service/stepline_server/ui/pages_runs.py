@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 
 from stepline_server import actions, payloads, reads, serialize
 from stepline_server.authlimits import AuthFailures
+from stepline_server.engine import bulk
 from stepline_server.engine import runs as rules
 from stepline_server.store import apps, keys, runs, sessions, waits
 from stepline_server.ui import timeline
@@ -92,11 +93,16 @@ def _filters(r: Req) -> tuple[runs.RunFilter, dict[str, str]]:
     if status not in STATUSES:
         kept.pop("status", None)
         status = None
-    run_key = kept.get("runKey") or kept.get("q")
+    raw = kept.get("runKey") or kept.get("q")
+    try:  # a key, or a prefix ending with '*', as the API's list and bulk filters take it
+        run_key, prefix = bulk.run_key_of(raw)
+    except bulk.FilterError:
+        run_key, prefix = raw, None  # no run has such a key: nothing is listed
     f = runs.RunFilter(
         workflow=kept.get("workflow"),
         status=status,
         run_key=run_key,
+        run_key_prefix=prefix,
         created_after=_local_time(kept.get("after")),
         created_before=_local_time(kept.get("before")),
     )
@@ -246,6 +252,8 @@ async def complete_callback(r: Req) -> Response:
         done = await waits.complete_callback(conn, cid, r.pid, body)
     if done.callback is None:
         return r.back(back, "Not completed: there is no such callback.")
+    if done.repeated:  # the same body again, as the API answers it
+        return r.back(back, "Callback already completed with this body.")
     if not done.completed:
         return r.back(back, f"Not completed: the callback is already {done.callback['status']}.")
     r.orch.dispatcher.wake()
