@@ -418,12 +418,7 @@ async def test_a_delta_follows_only_an_answer_of_an_sdk_that_reads_deltas(
         async def answer_then_begin(reads_deltas: bool, deltas: bool = True) -> dispatch.Begun:
             """The invocation holding the run answers, suspended; the next one begins."""
             nonlocal token, inv
-            outcome = dispatch.Outcome(status="suspended", reads_deltas=reads_deltas)
-            done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
-            assert (await dispatch.commit(conn, [done]))[run_id].recorded
-            await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
-            [claim] = await dispatch.claim(conn, "test", 60, 1)
-            token, inv = claim["lease_token"], claim["invocation_id"]
+            token, inv = await _answer_and_claim(conn, run_id, token, inv, plan, reads_deltas)
             start = dispatch.Begin(run_id, token, inv, 1, deltas)
             return (await dispatch.begin_invocations(conn, [start]))[run_id]
 
@@ -450,19 +445,15 @@ async def test_a_begin_tried_again_after_its_commit_was_lost_records_it_once(
         update = StepUpdate(name="a", kind="value", action="complete", output=1)
         plan = plan_updates(str(run_id), [update])
         await dispatch.begin_invocations(conn, [dispatch.Begin(run_id, token, inv, 1)])
-        outcome = dispatch.Outcome(status="suspended", reads_deltas=True)
-        done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
-        assert (await dispatch.commit(conn, [done]))[run_id].recorded
-        await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
-        [claim] = await dispatch.claim(conn, "test", 60, 1)
-        start = dispatch.Begin(run_id, claim["lease_token"], claim["invocation_id"], 1)
+        next_token, next_inv = await _answer_and_claim(conn, run_id, token, inv, plan, True)
+        start = dispatch.Begin(run_id, next_token, next_inv, 1)
         first = (await dispatch.begin_invocations(conn, [start]))[run_id]
         again = (await dispatch.begin_invocations(conn, [start]))[run_id]
         started = await conn.fetchval(
             "SELECT count(*) FROM run_events WHERE run_id = $1 AND type = 'invocation.started'"
             " AND invocation_id = $2",
             run_id,
-            claim["invocation_id"],
+            next_inv,
         )
         seqs = [
             r["seq"]
@@ -476,3 +467,21 @@ async def test_a_begin_tried_again_after_its_commit_was_lost_records_it_once(
     assert started == 1
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert again.history_base is None and [s["name"] for s in again.steps] == ["a"]
+
+
+async def _answer_and_claim(
+    conn: db.Conn,
+    run_id: uuid.UUID,
+    token: str,
+    inv: uuid.UUID,
+    plan: Plan,
+    reads_deltas: bool,
+) -> tuple[str, uuid.UUID]:
+    """The invocation holding the run answers ``plan``, suspended (its SDK reading deltas or
+    not); the run comes due and is claimed again: the new claim's token and invocation id."""
+    outcome = dispatch.Outcome(status="suspended", reads_deltas=reads_deltas)
+    done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
+    assert (await dispatch.commit(conn, [done]))[run_id].recorded
+    await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+    [claim] = await dispatch.claim(conn, "test", 60, 1)
+    return claim["lease_token"], claim["invocation_id"]
