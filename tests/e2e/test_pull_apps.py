@@ -218,15 +218,16 @@ async def test_a_worker_killed_mid_step_loses_its_run_to_another(
 
 
 @contextlib.asynccontextmanager
-async def _workers_kept_up(stack: Stack, slug: str) -> AsyncIterator[list[int]]:
+async def _workers_kept_up(*stacks: Stack, slug: str) -> AsyncIterator[list[int]]:
     """`stepline worker` processes for ``slug``, one at a time, each started again when the
-    last exits (as a process supervisor would; at most 30); yields their pids."""
+    last exits (as a process supervisor would; at most 30), each polling the next of
+    ``stacks`` in turn; yields their pids."""
     pids: list[int] = []
     current: list[subprocess.Popen[bytes]] = []
 
     async def keep_up() -> None:
-        for _ in range(30):
-            proc = _worker_process(stack, slug)
+        for started in range(30):
+            proc = _worker_process(stacks[started % len(stacks)], slug)
             current[:] = [proc]
             pids.append(proc.pid)
             await asyncio.to_thread(proc.wait)
@@ -242,6 +243,17 @@ async def _workers_kept_up(stack: Stack, slug: str) -> AsyncIterator[list[int]]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+async def _doomed_run(stack: Stack, slug: str, count_file: Path) -> dict[str, Any]:
+    """Once a worker synced pull app ``slug``, a run of ``exit-in-step`` (whose step ends
+    its worker's process every time), waited for until it ends."""
+    for _ in range(400):
+        if (await stack.client.get_app(slug))["syncedAt"]:
+            break
+        await asyncio.sleep(0.05)
+    run = await stack.client.start_run("exit-in-step", {"countFile": str(count_file)})
+    return await stack.client.wait_run(run["id"], timeout=60)
 
 
 @pytest.mark.slow
@@ -263,18 +275,13 @@ async def test_a_step_that_kills_its_worker_every_time_ends_the_run_app_unreacha
         await stack.client.create_alert(
             "ops", ["app.unreachable"], {"type": "webhook", "url": rx.url}
         )
-        async with _workers_kept_up(stack, slug) as pids:
-            for _ in range(400):
-                if (await stack.client.get_app(slug))["syncedAt"]:
-                    break
-                await asyncio.sleep(0.05)
-            run = await stack.client.start_run("exit-in-step", {"countFile": str(count_file)})
-            done = await stack.client.wait_run(run["id"], timeout=60)
+        async with _workers_kept_up(stack, slug=slug) as pids:
+            done = await _doomed_run(stack, slug, count_file)
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "app_unreachable", done
         assert "worker" in done["error"]["message"], done
         async with raw(stack) as http:
-            answer = await http.get(f"/v1/runs/{run['id']}/invocations")
+            answer = await http.get(f"/v1/runs/{done['id']}/invocations")
         invocations = answer.json()["invocations"]
         outcomes = [i["outcome"] for i in invocations]
         assert len(outcomes) >= 2 and outcomes == ["delivery_failed"] * (len(outcomes) - 1) + [
@@ -286,7 +293,7 @@ async def test_a_step_that_kills_its_worker_every_time_ends_the_run_app_unreacha
         tries = count_file.read_text().splitlines()
         assert len(tries) == len(invocations)
         assert {line.split()[1] for line in tries} <= {str(pid) for pid in pids}
-        events = [e async for e in stack.client.iter_run_events(run["id"])]
+        events = [e async for e in stack.client.iter_run_events(done["id"])]
         started = [e["data"]["attempt"] for e in events if e["type"] == "step.started"]
         assert started == [1] * len(invocations)
         await rx.until(1)
@@ -389,3 +396,38 @@ def test_the_worker_command_refuses_bad_usage() -> None:
         )
         assert done.returncode == code, (args, done.stderr)
         assert words in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+async def test_a_worker_that_dies_every_time_counts_when_another_orchestrator_takes_over(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two orchestrators, and workers that poll each in turn and die in the step every time:
+    each lapsed lease is taken over by the orchestrator that did not give it, which counts the
+    try as the worker's loss (the one that gave it was serving all along), so the run ends
+    app_unreachable once its delivery window (4 s) is spent, every invocation but the last
+    delivery_failed, as with one orchestrator."""
+    count_file = tmp_path / "steps"
+    count_file.touch()
+    async with (
+        orchestrator_stack(database_url, lease_seconds=1.0) as first,
+        orchestrator_stack(database_url, lease_seconds=1.0) as second,
+    ):
+        slug = await first.register_pull()
+        async with _workers_kept_up(first, second, slug=slug) as pids:
+            done = await _doomed_run(first, slug, count_file)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "app_unreachable", done
+        async with raw(first) as http:
+            answer = await http.get(f"/v1/runs/{done['id']}/invocations")
+        invocations = answer.json()["invocations"]
+        outcomes = [i["outcome"] for i in invocations]
+        assert len(outcomes) >= 2 and outcomes == ["delivery_failed"] * (len(outcomes) - 1) + [
+            "failed"
+        ], invocations
+        assert [i["attempt"] for i in invocations] == list(range(1, len(invocations) + 1))
+        assert done["deliveryFailures"] == len(invocations) - 1
+        tries = count_file.read_text().splitlines()
+        assert len(tries) == len(invocations)
+        # Each try ran in another worker, the workers polling each orchestrator in turn.
+        assert len({line.split()[1] for line in tries} & {str(pid) for pid in pids}) >= 2

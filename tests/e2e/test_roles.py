@@ -48,6 +48,8 @@ async def test_an_environment_admin_cannot_make_keys_of_another_environment(
                 assert answer.json()["error"]["code"] == "forbidden"
             made = await http.post("/v1/environments", json={"name": "mine"})
             assert made.status_code == 403, made.text
+            message = made.json()["error"]["message"]
+            assert message == "an admin key cannot do this; it needs an owner key", message
             ok = await http.post("/v1/keys", json={"name": "ci", "role": "write"})
             assert ok.status_code == 201 and ok.json()["environment"] == "staging", ok.text
             listed = (await http.get("/v1/keys")).json()["keys"]

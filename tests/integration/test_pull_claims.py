@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from stepline_server.store import apps, db, dispatch, keys, leases, pull, runs
+from stepline_server.store import apps, db, dispatch, keys, leases, orchestrators, pull, runs
 
 P = keys.DEFAULT_PROJECT
 
@@ -90,22 +90,42 @@ async def test_a_lease_that_runs_out_is_claimed_again(database_url: str) -> None
 async def test_a_lapsed_lease_is_its_workers_loss_only_when_our_side_served_it(
     database_url: str,
 ) -> None:
-    """A lease given by orchestrator "here" for 60 s and lapsed a second ago (kept 61 s ago)
-    is found lost by its worker only by "here", and only when "here" has been serving for all
-    of those 61 s (not when it restarted or lost the database since, nor by another
-    orchestrator, which cannot tell whether "here" died with it); a live lease never."""
+    """A lease orchestrator "here" gave for 60 s, lapsed a second ago (kept 61 s ago), as any
+    orchestrator sees it from "here"'s beats: no beat at all, or "here" serving only for the
+    last 30 s (it restarted or lost the database since), is our loss: taken over with no count.
+    "here" beating after the lapse and serving for 62 s is the worker's loss: found lost, and
+    not taken over before the loss is recorded. "here" last beating 2 s ago (before the lapse)
+    may beat yet: neither lost nor taken over, looked at again within a second. "here" silent
+    for more than a lease died: taken over. A live lease is never lost."""
     conn = await db.connect(database_url)
     try:
-        app_id, _ = await _apps_with_runs(conn, 2)
+        app_id, _ = await _apps_with_runs(conn, 3)
         lapsed, live = await pull.claim(conn, app_id, "here", 60, 2)
         await conn.execute(
             "UPDATE runs SET ready_at = now() - interval '1 second' WHERE id = $1", lapsed["id"]
         )
-        assert await pull.lost(conn, app_id, "there", 60, 1000) == []
-        assert await pull.lost(conn, app_id, "here", 60, 30) == []
-        (lost,) = await pull.lost(conn, app_id, "here", 60, 62)
+        assert await pull.lost(conn, app_id, 60) == []  # no beat of "here" ever
+        await orchestrators.seen(conn, "here", 30)
+        assert await pull.lost(conn, app_id, 60) == []
+        await orchestrators.seen(conn, "here", 62)
+        (lost,) = await pull.lost(conn, app_id, 60)
         assert lost["id"] == lapsed["id"] and lost["lease_token"] == lapsed["lease_token"]
         assert lost["invocation_id"] == lapsed["invocation_id"]
         assert live["id"] != lapsed["id"]
+        (other,) = await pull.claim(conn, app_id, "there", 60, 5)  # the third run, not lapsed
+        assert other["id"] not in (lapsed["id"], live["id"])
+        await conn.execute(
+            "UPDATE orchestrators SET seen_at = now() - interval '2 seconds' WHERE owner = 'here'"
+        )
+        assert await pull.lost(conn, app_id, 60) == []
+        assert await pull.claim(conn, app_id, "there", 60, 5) == []
+        due_in = await pull.next_due_in(conn, app_id, 60)
+        assert due_in is not None and 0 < due_in <= 1.0, due_in
+        await conn.execute(
+            "UPDATE orchestrators SET seen_at = now() - interval '61 seconds' WHERE owner = 'here'"
+        )
+        assert await pull.lost(conn, app_id, 60) == []
+        (taken,) = await pull.claim(conn, app_id, "there", 60, 5)
+        assert taken["id"] == lapsed["id"] and taken["taken_over"]
     finally:
         await conn.close()

@@ -32,6 +32,9 @@ T = TypeVar("T")
 LEASE_SECONDS = 2.0
 ORCHESTRATORS = 2
 WORKERS = 2
+CROWD = "crowd"  # another environment, its bulk retry held for good (_start_crowd)
+CROWD_RUNS = 50
+BULK_BATCH_SIZE = 2  # the crowd's retry then lasts minutes (50 runs, two at a time)
 DELIVERY_WINDOW = "15s"  # how long a run's deliveries may fail before it ends app_unreachable
 
 
@@ -62,6 +65,8 @@ class World:
         self.workers: list[Proc] = []
         self.record = self.workdir / "pull.jsonl"
         self._env: dict[str, str] = {}
+        self.crowd_key = ""  # the other environment's (_start_crowd)
+        self.crowd_operation = ""
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -81,6 +86,7 @@ class World:
                 "STEPLINE_LEASE_SECONDS": str(LEASE_SECONDS),
                 "STEPLINE_DELIVERY_BACKOFF_MAX": "1s",
                 "STEPLINE_DELIVERY_WINDOW": DELIVERY_WINDOW,
+                "STEPLINE_BULK_BATCH_SIZE": str(BULK_BATCH_SIZE),
                 "STEPLINE_PUBLIC_URL": url,
             }
             log = self.workdir / f"orch{i}.log"
@@ -127,6 +133,44 @@ class World:
             await asyncio.sleep(0.1)
         if self.fleet:
             await self._start_fleet()
+        await self._start_crowd()
+
+    async def _start_crowd(self) -> None:
+        """Another environment whose bulk retry waits for room most of the time (its runs are
+        a pull app's that no worker polls, so the ones it retried are never taken, and each
+        batch of two goes only after the longest wait for room): the model's own bulk
+        operations must go on beside it (operations of different environments take turns)."""
+        await asyncio.to_thread(_cli, self._env, "environments", "create", CROWD)
+        made = await asyncio.to_thread(
+            _cli, self._env, "keys", "create", "--name", CROWD, "--environment", CROWD
+        )
+        key = self.crowd_key = made.strip().splitlines()[-1]
+        app = await self.call("POST", "/v1/apps", {"name": CROWD, "kind": "pull"}, key=key)
+        description = {"workflows": [{"name": "stalled"}]}
+        await self.call("POST", f"/v1/apps/{app['slug']}/sync", description, key=key)
+        for _ in range(CROWD_RUNS):
+            await self.call("POST", "/v1/runs", {"workflow": "stalled"}, key=key)
+        await self.arm_crowd()
+
+    async def arm_crowd(self) -> None:
+        """Unless the crowd's bulk retry still runs, cancel its runs and retry them again in
+        one operation (which takes minutes: see _start_crowd)."""
+        if self.crowd_operation and (await self.crowd_op())["status"] == "running":
+            return
+        for action, status in (("cancel", "running"), ("retry", "cancelled")):
+            body = {"action": action, "filter": {"workflow": "stalled", "status": status}}
+            made = await self.call("POST", "/v1/runs/bulk", body, key=self.crowd_key)
+            self.crowd_operation = made["id"]
+            if action == "cancel":
+                deadline = time.monotonic() + 60
+                while (await self.crowd_op())["status"] == "running":
+                    assert time.monotonic() < deadline, "the crowd's cancel never ended"
+                    await asyncio.sleep(0.1)
+
+    async def crowd_op(self) -> dict[str, Any]:
+        """The crowd environment's last bulk operation as the API shows it."""
+        path = f"/v1/operations/{self.crowd_operation}"
+        return dict(await self.call("GET", path, key=self.crowd_key))
 
     async def _start_fleet(self) -> None:
         """The fleet's front, the app registered at it, then its two replicas and a sync."""
@@ -171,15 +215,19 @@ class World:
         """Every step execution, the push app's and the workers'."""
         return self.app.ex.seen + pull_app.read(self.record)
 
-    async def call(self, method: str, path: str, body: Any = None, *, ok: bool = True) -> Any:
+    async def call(
+        self, method: str, path: str, body: Any = None, *, ok: bool = True, key: str = ""
+    ) -> Any:
         """A REST call, tried again while the orchestrator or the database is away; with
         ``ok``, a 4xx answer fails the test (else the answer is returned whatever it is). Each
-        try goes to the next orchestrator."""
+        try goes to the next orchestrator. ``key``: another key than the model's (another
+        environment's)."""
         deadline = time.monotonic() + 60
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         while True:
             http = self.clients[next(self._turn) % len(self.clients)]
             try:
-                answer = await http.request(method, path, json=body)
+                answer = await http.request(method, path, json=body, headers=headers)
                 if answer.status_code < 500:
                     if ok and answer.status_code >= 400:
                         raise AssertionError(f"{method} {path}: {answer.text}")

@@ -126,10 +126,15 @@ def require_role(ctx: KeyContext, role: str) -> KeyContext:
     """``ctx`` when its role is ``role`` or above; else 403 forbidden."""
     if not access.allows(ctx.role, role):
         raise Forbidden(
-            f"a {ctx.role} key cannot do this; it needs a {role} key",
+            f"{_an(ctx.role)} key cannot do this; it needs {_an(role)} key",
             {"role": ctx.role, "needed": role},
         )
     return ctx
+
+
+def _an(role: str) -> str:
+    """The role with its article: "an admin", "a write"."""
+    return f"{'an' if role[:1] in 'aeiou' else 'a'} {role}"
 
 
 async def require_write(request: Request) -> KeyContext:

@@ -27,7 +27,7 @@ from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.pollers import Pollers
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import apps, db, dispatch, leases
+from stepline_server.store import apps, db, dispatch, leases, orchestrators
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.dispatcher")
@@ -74,8 +74,8 @@ class Dispatcher:
         # was away, a lease may have lapsed only because its holder could not beat meanwhile.
         self._no_takeovers_until = 0.0
         # Since when (monotonic) this orchestrator has been up and reaching the database: a pull
-        # lease last kept after then and lapsed was lost by its worker, not by us (pull.sql,
-        # lost_pull_leases).
+        # lease it gave, last kept after then and lapsed, was lost by its worker, not by us
+        # (pull.sql, lost_pull_leases); its beats tell the other orchestrators (orchestrators).
         self._serving_since = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self.pollers = Pollers()  # pull apps' workers' long polls waiting here
@@ -342,11 +342,15 @@ class Dispatcher:
 
     async def _beat_forever(self, conn: Conn, interval: float, pause: Backoff) -> None:
         released = 0.0
+        await orchestrators.forget_stopped(conn)
         while True:
             began = time.monotonic()
             leases = list(self._inflight.items())
             if leases:
                 await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+            # This orchestrator is alive: a pull lease it gave that lapses while it beats was
+            # lost by the worker, and whoever takes the run over counts it (lost_pull_leases).
+            await orchestrators.seen(conn, self.owner, self.serving_seconds())
             pause.reset()
             if began - released >= RELEASE_HELD_SECONDS:
                 # A run held while its cap looked full, released by nobody since (a race with

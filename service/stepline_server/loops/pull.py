@@ -72,7 +72,7 @@ class PullInvocations:
                     bodies = await self._claim(conn, app_id, limit, deltas)
                     if bodies:
                         return bodies
-                    due_in = await pull.next_due_in(conn, app_id)
+                    due_in = await pull.next_due_in(conn, app_id, self.settings.lease_seconds)
                 left = give_up - time.monotonic()
                 if left <= 0:
                     return []
@@ -89,7 +89,7 @@ class PullInvocations:
         # worker's beats could not land either).
         lease = self.dispatcher.lease()
         if lease.takeovers:
-            await self._record_lost(conn, app_id, lease.owner)
+            await self._record_lost(conn, app_id)
         claimed = await pull.claim(
             conn, app_id, lease.owner, lease.seconds, limit, takeovers=lease.takeovers
         )
@@ -134,14 +134,13 @@ class PullInvocations:
         log.info("pull_claimed", app_id=str(app_id), runs=len(bodies))
         return bodies
 
-    async def _record_lost(self, conn: Conn, app_id: uuid.UUID, owner: str) -> None:
+    async def _record_lost(self, conn: Conn, app_id: uuid.UUID) -> None:
         """Before leasing again the runs whose workers lost their invocations (a worker died,
-        stalled or was cut off while this orchestrator served it), record each loss as a
-        delivery failure: the run is invoked again after the backoff, or fails
-        ``app_unreachable`` once its delivery window is spent."""
-        lost = await pull.lost(
-            conn, app_id, owner, self.settings.lease_seconds, self.dispatcher.serving_seconds()
-        )
+        stalled or was cut off while the orchestrator that leased the run to it, this one or
+        another, was serving), record each loss as a delivery failure: the run is invoked
+        again after the backoff, or fails ``app_unreachable`` once its delivery window is
+        spent."""
+        lost = await pull.lost(conn, app_id, self.settings.lease_seconds)
         for claim in lost:
             log.warning("worker_lost", run_id=str(claim["id"]))
             await self.dispatcher.worker_lost(claim, WORKER_LOST)

@@ -41,7 +41,8 @@ SELECT pg_advisory_xact_lock(
 -- has room beside its invocations in flight (a live lease, or one of the caller's own, $9,
 -- whose beat came late), to $4 for $5 seconds (lease_runs). When that fills the cap, its other
 -- due runs are held (ready_at at their deadline, no lease) until release_held lets them go.
--- Without takeovers ($8 false), runs whose lease expired are left to their holders.
+-- Without takeovers ($8 false), runs whose lease expired are left to their holders; a pull
+-- run's lapsed lease that lease_runs would not take over is not cleared either.
 WITH busy AS (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
@@ -72,6 +73,7 @@ held_now AS (
       AND h.concurrency_key IS NOT DISTINCT FROM $7::text
       AND h.ready_at <= now() AND NOT h.held
       AND ($8::boolean OR h.lease_token IS NULL) AND NOT (h.id = ANY ($9::uuid[]))
+      AND coalesce(pull_lease_lapse(h, $5), 'ours') = 'ours'
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
 )

@@ -34,20 +34,16 @@ async def claim(
     return claimed
 
 
-async def lost(
-    conn: Conn, app_id: uuid.UUID, owner: str, lease_seconds: float, serving_seconds: float
-) -> list[Record]:
-    """The lapsed leases of pull app ``app_id``'s runs that their workers lost: given by
-    ``owner`` (this orchestrator) and last kept while it has been serving, the last
-    ``serving_seconds``; each in the shape every lease answers."""
-    return list(
-        await conn.fetch(Q["lost_pull_leases"], app_id, owner, lease_seconds, serving_seconds)
-    )
+async def lost(conn: Conn, app_id: uuid.UUID, lease_seconds: float) -> list[Record]:
+    """The lapsed leases of pull app ``app_id``'s runs that their workers lost: last kept and
+    lapsed while the orchestrator that gave them (this one or another) was serving, as its
+    beats say; each in the shape every lease answers."""
+    return list(await conn.fetch(Q["lost_pull_leases"], app_id, lease_seconds))
 
 
-async def next_due_in(conn: Conn, app_id: uuid.UUID) -> float | None:
+async def next_due_in(conn: Conn, app_id: uuid.UUID, lease_seconds: float) -> float | None:
     """Seconds until a run of pull app ``app_id`` comes due (negative: overdue); None: none."""
-    value = await conn.fetchval(Q["next_pull_due_in"], app_id)
+    value = await conn.fetchval(Q["next_pull_due_in"], app_id, lease_seconds)
     return float(value) if value is not None else None
 
 

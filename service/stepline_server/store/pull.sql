@@ -21,9 +21,9 @@ GROUP BY project_id, workflow, rate_key;
 
 -- name: claim_pull
 -- A worker's poll: leases up to $1 due runs of pull app $2 to $3 for $4 seconds (lease_runs: a
--- run whose lease ran out is taken over, unless $5 is false, just after the database was away;
--- a lease its worker lost, lost_pull_leases, was recorded as a delivery failure before, so
--- what is taken over here counts nothing). Runs of a workflow with a concurrency cap are left to
+-- run whose lease ran out is taken over, unless $5 is false, just after the database was away,
+-- or its worker lost it, to be recorded first by lost_pull_leases, or its orchestrator may beat
+-- yet; what is taken over here counts nothing). Runs of a workflow with a concurrency cap are left to
 -- claim_capped, runs of a workflow with a rate limit not yet started to claim_rate_limited,
 -- runs past their deadline to the dispatcher (which ends them). Higher priority first, then
 -- the longest due.
@@ -43,22 +43,21 @@ SELECT * FROM lease_runs(ARRAY(SELECT id FROM due), $3, $4, '{}', $5)
 ORDER BY priority DESC, due_in;
 
 -- name: lost_pull_leases
--- Runs of pull app $1 whose worker lost its invocation: the lease this orchestrator ($2) gave
--- the worker's poll lapsed (no beat for a whole lease, $3 seconds), and was last kept (given or
--- beaten) while this orchestrator was up and reaching the database, as it has been for the
--- last $4 seconds. A lease that lapsed while our side was away is not the worker's loss: one
--- given by another orchestrator (which may have died with it: we cannot tell) or kept before
--- this orchestrator started or last lost the database (its worker's beats may have failed on
--- our side) is left to the takeover (claim_pull), which counts nothing. Past their deadline,
--- runs are the dispatcher's to end. The claims answered are the lapsed leases' own, for
--- recording the loss under them (a delivery failure, fenced by their token). Read through
--- runs_pull_leased: the leased runs only, not those waiting for a worker.
+-- Runs of pull app $1 whose worker lost its invocation: the lease its poll was given lapsed (no
+-- beat for a whole lease, $2 seconds) while the orchestrator that gave it, this one or another,
+-- was up and reaching the database from before the lease was last kept (given or beaten) until
+-- it lapsed, as that orchestrator's beats say (pull_lease_lapse). A lease that lapsed while our
+-- side was away is not the worker's loss: one whose orchestrator stopped beating (it may have
+-- died with it) or lost the database (its worker's beats may have failed on our side) is left
+-- to the takeover (claim_pull), which counts nothing. Past their deadline, runs are the
+-- dispatcher's to end. The claims answered are the lapsed leases' own, for recording the loss
+-- under them (a delivery failure, fenced by their token). Read through runs_pull_leased: the
+-- leased runs only, not those waiting for a worker.
 SELECT (lease_claim_of(r, 0, false)).* FROM runs r
-WHERE r.pull AND r.app_id = $1 AND r.lease_owner = $2 AND r.lease_token IS NOT NULL
+WHERE r.pull AND r.app_id = $1 AND r.lease_token IS NOT NULL
   AND r.status IN ('running', 'cancelling') AND r.ready_at <= now()
   AND (r.deadline_at IS NULL OR r.deadline_at > now())
-  AND r.ready_at >= now() - make_interval(secs => $4::double precision)
-                   + make_interval(secs => $3::double precision)
+  AND pull_lease_lapse(r, $2) = 'lost'
 ORDER BY r.ready_at
 LIMIT 100;
 
@@ -75,6 +74,14 @@ WHERE id = $1 AND (polled_at IS NULL OR polled_at < now() - interval '1 second')
 
 -- name: next_pull_due_in
 -- Seconds until the next run of pull app $1 comes due (negative when overdue), NULL when none
--- will.
-SELECT extract(epoch FROM min(ready_at) - now())::double precision FROM runs
-WHERE ready_at IS NOT NULL AND pull AND app_id = $1;
+-- will; a lapsed lease whose orchestrator may beat yet (pull_lease_lapse, leases of $2 seconds)
+-- is looked at again in a tenth of a lease, at most a second. The runs waiting for a worker and
+-- the leased ones (runs_pull_leased) are read apart, each through its index.
+SELECT extract(epoch FROM least(
+    (SELECT min(ready_at) FROM runs
+     WHERE ready_at IS NOT NULL AND pull AND app_id = $1 AND lease_token IS NULL),
+    (SELECT min(CASE WHEN pull_lease_lapse(r, $2) = 'unsure'
+                     THEN now() + make_interval(secs => least($2::double precision / 10, 1))
+                     ELSE r.ready_at END)
+     FROM runs r WHERE r.pull AND r.app_id = $1 AND r.lease_token IS NOT NULL)
+) - now())::double precision;

@@ -401,6 +401,34 @@ RETURNS lease_claim LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION lease_claim_of(runs, double precision, boolean) IS 'A leased run as every lease answers it (lease_runs, and a pull worker''s answer recorded under its lease).';
 
+CREATE TABLE orchestrators (
+    owner text PRIMARY KEY,
+    serving_since timestamptz NOT NULL,
+    seen_at timestamptz NOT NULL
+);
+COMMENT ON TABLE orchestrators IS 'The orchestrators that beat lately, one row each (its lease_owner); a row unseen for a day is forgotten.';
+COMMENT ON COLUMN orchestrators.serving_since IS 'Since when the orchestrator has been up and reaching the database without a break, as of its last beat.';
+COMMENT ON COLUMN orchestrators.seen_at IS 'Its last beat: written every third of a lease while it reaches the database.';
+
+CREATE FUNCTION pull_lease_lapse(r runs, _lease_seconds double precision) RETURNS text
+LANGUAGE sql STABLE AS $$
+    -- Whose loss a pull app's lapsed lease is, from the beats of the orchestrator that gave it
+    -- (NULL: no pull run with a lapsed lease).
+    SELECT CASE
+        WHEN NOT r.pull OR r.lease_token IS NULL OR r.ready_at > now() THEN NULL
+        -- It served from before the lease was last kept and beat after it lapsed: nothing on
+        -- our side kept the worker's beats from landing.
+        WHEN o.seen_at >= r.ready_at
+             AND r.ready_at >= o.serving_since + make_interval(secs => _lease_seconds) THEN 'lost'
+        -- Its last beat came before the lapse, less than a lease ago: it may beat yet.
+        WHEN o.seen_at < r.ready_at
+             AND o.seen_at > now() - make_interval(secs => _lease_seconds) THEN 'unsure'
+        ELSE 'ours'
+    END
+    FROM (SELECT r.lease_owner AS owner) l LEFT JOIN orchestrators o ON o.owner = l.owner
+$$;
+COMMENT ON FUNCTION pull_lease_lapse(runs, double precision) IS 'Whose loss a pull app''s lapsed lease is: lost (its worker''s: recorded as a delivery failure before the run is leased again), unsure (its orchestrator may beat yet: wait), ours (its orchestrator stopped or lost the database: taken over with no count).';
+
 CREATE FUNCTION lease_runs(
     _ids uuid[], _owner text, _lease_seconds double precision, _holding uuid[],
     _takeovers boolean
@@ -414,6 +442,9 @@ BEGIN
     --   * another invocation holds a live lease on it,
     --   * its lease lapsed and _takeovers is false (just after the database was away, a
     --     lease may have lapsed only because its holder could not beat),
+    --   * it is a pull app's run whose lapsed lease its worker lost (recorded as a delivery
+    --     failure first: lost_pull_leases) or whose orchestrator may beat yet
+    --     (pull_lease_lapse),
     --   * its workflow or app is paused and it is not past its deadline: then it is set aside
     --     instead (paused, no lease, due at its deadline) until the pause ends.
     -- The lease lasts _lease_seconds, never past the deadline (a run at its time limit comes
@@ -433,7 +464,8 @@ BEGIN
           AND r.status IN ('running', 'cancelling')
           AND NOT (r.id = ANY (coalesce(_holding, '{}')))
           AND (r.lease_token IS NULL
-               OR (_takeovers AND r.ready_at IS NOT NULL AND r.ready_at <= now()))
+               OR (_takeovers AND r.ready_at IS NOT NULL AND r.ready_at <= now()
+                   AND coalesce(pull_lease_lapse(r, _lease_seconds), 'ours') = 'ours'))
         ORDER BY r.id
         FOR UPDATE OF r SKIP LOCKED
     ),
