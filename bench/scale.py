@@ -157,7 +157,10 @@ async def fill(dsn: str, ended: int, sleeping: int) -> dict[str, Any]:
 
 # The run loop's statements (claims, begins, progress, suspends and ends, the waits' wake-ups) and
 # the runs API's (start, read, history).
-_LOOP_FILES = ("dispatch", "gates", "history", "leases", "pull", "runs", "waits")
+_LOOP_FILES = (
+    "claims", "progress", "outcomes", "children", "gates", "history", "leases", "pull",
+    "orchestrators", "runs", "waits",
+)  # fmt: skip
 # The tables that grow with the runs kept: a statement that reads one of them whole does not scale.
 _LARGE = ("runs", "steps", "run_events", "callbacks", "events", "run_logs")
 

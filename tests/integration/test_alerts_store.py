@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from stepline_server.engine.runs import RunStatus
-from stepline_server.store import alerts, apps, db, dispatch, keys, runs
+from stepline_server.store import alerts, apps, db, keys, outcomes, runs
 
 ENV = keys.DEFAULT_PROJECT
 
@@ -68,19 +68,19 @@ async def test_a_failed_run_and_its_alert_commit_together(conn: db.Conn, databas
     timed = await _alert(conn, ["run.timedOut"])
     run_id = await _run(conn)
     error = {"code": "app_unreachable", "message": "the app could not be reached"}
-    end = dispatch.End(run_id, None, RunStatus.FAILED, None, error)
+    end = outcomes.End(run_id, None, RunStatus.FAILED, None, error)
     other = await db.connect(database_url)
     try:
         tx = conn.transaction()
         await tx.start()
-        assert await dispatch.end_runs(conn, [end]) == {run_id}
+        assert await outcomes.end_runs(conn, [end]) == {run_id}
         assert len(await _notifications(conn)) == 2
         assert await _notifications(other) == []
         assert await other.fetchval("SELECT status FROM runs WHERE id = $1", run_id) == "running"
         await tx.rollback()
         assert await _notifications(other) == []
         async with conn.transaction():
-            await dispatch.end_runs(conn, [end])
+            await outcomes.end_runs(conn, [end])
         assert await _notifications(other) == sorted(
             [(failed["id"], "run.failed", run_id), (failed["id"], "app.unreachable", run_id)]
         )
@@ -90,11 +90,11 @@ async def test_a_failed_run_and_its_alert_commit_together(conn: db.Conn, databas
         await other.close()
     timed_out = await _run(conn)
     async with conn.transaction():
-        await dispatch.end_runs(conn, [dispatch.End(timed_out, None, RunStatus.TIMED_OUT)])
+        await outcomes.end_runs(conn, [outcomes.End(timed_out, None, RunStatus.TIMED_OUT)])
     assert (timed["id"], "run.timedOut", timed_out) in await _notifications(conn)
     completed = await _run(conn)
     async with conn.transaction():
-        await dispatch.end_runs(conn, [dispatch.End(completed, None, RunStatus.COMPLETED)])
+        await outcomes.end_runs(conn, [outcomes.End(completed, None, RunStatus.COMPLETED)])
     assert all(run != completed for _, _, run in await _notifications(conn))
 
 

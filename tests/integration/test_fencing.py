@@ -6,16 +6,16 @@ import uuid
 
 from stepline.protocol import Action, StepKind, StepUpdate
 from stepline_server.engine.steps import plan_updates
-from stepline_server.store import db, dispatch, keys, runs
+from stepline_server.store import claims, db, keys, progress, runs
 from tests.integration.test_races import leased_run
 
 PROJECT = keys.DEFAULT_PROJECT
 
 
-def complete(item: dispatch.Progress, output: object, seq: int, digest: str) -> dispatch.Progress:
+def complete(item: progress.Progress, output: object, seq: int, digest: str) -> progress.Progress:
     update = StepUpdate(name="a", kind=StepKind.RUN, action=Action.COMPLETE, output=output)
     plan = plan_updates(str(item.run_id), [update])
-    return dispatch.Progress(
+    return progress.Progress(
         item.run_id, item.token, item.invocation_id, plan, seq=seq, digest=digest
     )
 
@@ -31,11 +31,11 @@ async def test_a_repeated_seq_with_another_body_is_refused(database_url: str) ->
     try:
         item = await leased_run(conn)
         first = complete(item, 1, seq=1, digest="d1")
-        assert (await dispatch.apply_batch(conn, [first]))[item.run_id]["applied"]
-        again = await dispatch.apply_batch(conn, [first])
+        assert (await progress.apply_batch(conn, [first]))[item.run_id]["applied"]
+        again = await progress.apply_batch(conn, [first])
         assert not again[item.run_id]["applied"]
         other = complete(item, 2, seq=1, digest="d2")
-        assert await dispatch.apply_batch(conn, [other]) == {}
+        assert await progress.apply_batch(conn, [other]) == {}
         [step] = await runs.steps(conn, item.run_id)
         assert step["output"] == 1
         assert (await history(conn, item.run_id)).count("step.completed") == 1
@@ -50,10 +50,10 @@ async def test_a_call_for_another_invocation_of_the_run_is_refused(database_url:
     try:
         item = await leased_run(conn)
         update = StepUpdate(name="a", kind=StepKind.RUN, action=Action.START)
-        wrong = dispatch.Progress(
+        wrong = progress.Progress(
             item.run_id, item.token, uuid.uuid4(), plan_updates(str(item.run_id), [update]), seq=1
         )
-        assert await dispatch.apply_batch(conn, [wrong]) == {}
+        assert await progress.apply_batch(conn, [wrong]) == {}
         assert await runs.steps(conn, item.run_id) == []
     finally:
         await conn.close()
@@ -68,13 +68,13 @@ async def test_a_claim_gone_stale_begins_nothing(database_url: str) -> None:
         await conn.execute(
             "UPDATE runs SET ready_at = now() - interval '1 s' WHERE id = $1", item.run_id
         )
-        [taken] = await dispatch.claim(conn, "other", 60, 1)
+        [taken] = await claims.claim(conn, "other", 60, 1)
         assert taken["id"] == item.run_id and taken["lease_token"] != item.token
-        stale = dispatch.Begin(item.run_id, item.token, item.invocation_id, 1)
-        assert await dispatch.begin_invocations(conn, [stale]) == {}
+        stale = claims.Begin(item.run_id, item.token, item.invocation_id, 1)
+        assert await claims.begin_invocations(conn, [stale]) == {}
         assert "invocation.started" not in await history(conn, item.run_id)
-        fresh = dispatch.Begin(item.run_id, taken["lease_token"], taken["invocation_id"], 1)
-        begun = await dispatch.begin_invocations(conn, [fresh])
+        fresh = claims.Begin(item.run_id, taken["lease_token"], taken["invocation_id"], 1)
+        begun = await claims.begin_invocations(conn, [fresh])
         assert list(begun) == [item.run_id] and begun[item.run_id].steps == []
         assert (await history(conn, item.run_id)).count("invocation.started") == 1
     finally:
@@ -89,7 +89,7 @@ async def test_progress_past_the_time_limit_is_refused(database_url: str) -> Non
         await conn.execute(
             "UPDATE runs SET deadline_at = now() - interval '1 ms' WHERE id = $1", item.run_id
         )
-        assert await dispatch.apply_batch(conn, [complete(item, 1, seq=1, digest="x")]) == {}
+        assert await progress.apply_batch(conn, [complete(item, 1, seq=1, digest="x")]) == {}
         assert await runs.steps(conn, item.run_id) == []
     finally:
         await conn.close()
@@ -106,9 +106,9 @@ async def test_just_after_the_database_was_away_an_expired_lease_is_left_to_its_
         await conn.execute(
             "UPDATE runs SET ready_at = now() - interval '1 s' WHERE id = $1", item.run_id
         )
-        assert await dispatch.claim(conn, "other", 60, 5, takeovers=False) == []
-        assert await dispatch.next_due_in(conn, takeovers=False) is None
-        [taken] = await dispatch.claim(conn, "other", 60, 5)
+        assert await claims.claim(conn, "other", 60, 5, takeovers=False) == []
+        assert await claims.next_due_in(conn, takeovers=False) is None
+        [taken] = await claims.claim(conn, "other", 60, 5)
         assert taken["id"] == item.run_id and taken["lease_token"] != item.token
     finally:
         await conn.close()

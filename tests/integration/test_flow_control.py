@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from stepline_server.store import apps, db, dispatch, keys, runs
+from stepline_server.store import apps, claims, db, keys, runs
 from tests.integration.test_races import blocked_or_done, close_all, connections
 
 PROJECT = keys.DEFAULT_PROJECT
@@ -41,10 +41,10 @@ async def test_two_claims_at_once_never_exceed_a_rate_limit(database_url: str) -
             "UPDATE runs SET ready_at = now() + interval '1 h' WHERE id = $1", two
         )
         async with first.transaction():
-            [claim] = await dispatch.claim(first, "first", 60, 10)
+            [claim] = await claims.claim(first, "first", 60, 10)
             assert claim["id"] == one
             await watcher.execute("UPDATE runs SET ready_at = now() WHERE id = $1", two)
-            claiming = asyncio.ensure_future(dispatch.claim(second, "second", 60, 10))
+            claiming = asyncio.ensure_future(claims.claim(second, "second", 60, 10))
             assert await blocked_or_done(watcher, second.get_server_pid(), claiming)
         assert await claiming == []
         rows = {
@@ -71,13 +71,13 @@ async def test_a_rate_limit_counts_per_key_value_and_not_later_invocations(
         a1 = await start(conn, "per-user", {"userId": "u1"})
         a2 = await start(conn, "per-user", {"userId": "u1"})
         b1 = await start(conn, "per-user", {"userId": "u2"})
-        claimed = {r["id"] for r in await dispatch.claim(conn, "o", 60, 10)}
+        claimed = {r["id"] for r in await claims.claim(conn, "o", 60, 10)}
         assert claimed == {a1, b1}
-        assert await dispatch.claim(conn, "o", 60, 10) == []
+        assert await claims.claim(conn, "o", 60, 10) == []
         waiting = await conn.fetchrow("SELECT started_at, ready_at FROM runs WHERE id = $1", a2)
         assert waiting["started_at"] is None and waiting["ready_at"] is not None
         await conn.execute("UPDATE runs SET lease_token = NULL, ready_at = now() WHERE id = $1", a1)
-        assert [r["id"] for r in await dispatch.claim(conn, "o", 60, 10)] == [a1]
+        assert [r["id"] for r in await claims.claim(conn, "o", 60, 10)] == [a1]
     finally:
         await conn.close()
 
@@ -94,7 +94,7 @@ async def test_due_runs_are_claimed_higher_priority_first(database_url: str) -> 
         highest = await start(conn, "wf", priority=100)
         order = []
         for n in (2, 1, 1):
-            order.append([r["id"] for r in await dispatch.claim(conn, "o", 60, n)])
+            order.append([r["id"] for r in await claims.claim(conn, "o", 60, n)])
         assert order == [[highest, high], [default], [low]]
     finally:
         await conn.close()
@@ -152,7 +152,7 @@ async def test_a_rate_limited_run_goes_by_priority_and_never_waits_past_its_dead
         others = [await start(conn, "limited")]
         urgent = await start(conn, "limited", priority=5)
         others.append(await start(conn, "limited", priority=-1))
-        [claim] = await dispatch.claim(conn, "o", 60, 10)
+        [claim] = await claims.claim(conn, "o", 60, 10)
         assert claim["id"] == urgent
         rows = await conn.fetch(
             "SELECT ready_at, deadline_at, started_at FROM runs WHERE id = ANY($1::uuid[])",

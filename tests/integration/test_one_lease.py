@@ -4,10 +4,12 @@ answers the same claim."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
-from stepline_server.store import apps, db, dispatch, keys, leases, pull, runs
+from stepline_server.engine.transitions import Claim
+from stepline_server.store import apps, claims, db, keys, leases, pull, runs
 
 P = keys.DEFAULT_PROJECT
 CLAIM_COLUMNS = {
@@ -49,16 +51,16 @@ async def test_a_capped_run_being_invoked_is_never_claimed_again_nor_counted_fre
     try:
         await _app(conn, [("capped", {"concurrency": 1})])
         first = await _start(conn, "capped")
-        [claim] = await dispatch.claim(conn, "here", 60, 10)
+        [claim] = await claims.claim(conn, "here", 60, 10)
         assert claim["id"] == first
         second = await _start(conn, "capped")
         await _lapse(conn, first)
-        again = await dispatch.claim(conn, "here", 60, 10, holding=[first])
+        again = await claims.claim(conn, "here", 60, 10, holding=[first])
         assert again == [], [r["id"] for r in again]
         row = await conn.fetchrow("SELECT lease_token FROM runs WHERE id = $1", first)
         assert row["lease_token"] == claim["lease_token"]
         # Another orchestrator, which is not invoking it, takes the lapsed lease over.
-        [taken] = await dispatch.claim(conn, "there", 60, 10)
+        [taken] = await claims.claim(conn, "there", 60, 10)
         assert taken["id"] == first and taken["taken_over"]
         assert second not in {taken["id"]}
     finally:
@@ -75,18 +77,18 @@ async def test_no_path_takes_over_a_lapsed_lease_just_after_an_outage(database_u
         assert pull_app is not None
         await apps.record_sync(conn, pull_app, [("pulled", {})], None)
         capped, free, pulled = [await _start(conn, w) for w in ("capped", "free", "pulled")]
-        assert len(await dispatch.claim(conn, "dead", 60, 10)) == 2
+        assert len(await claims.claim(conn, "dead", 60, 10)) == 2
         assert len(await pull.claim(conn, pull_app["id"], "dead", 60, 10)) == 1
         for run_id in (capped, free, pulled):
             await _lapse(conn, run_id)
 
-        assert await dispatch.claim(conn, "here", 60, 10, takeovers=False) == []
+        assert await claims.claim(conn, "here", 60, 10, takeovers=False) == []
         assert await pull.claim(conn, pull_app["id"], "here", 60, 10, takeovers=False) == []
         quiet = leases.Lease("here", 60, (), takeovers=False)
         async with conn.transaction():
             assert await leases.take_now(conn, free, quiet) is None
 
-        assert {r["id"] for r in await dispatch.claim(conn, "here", 60, 10)} == {capped, free}
+        assert {r["id"] for r in await claims.claim(conn, "here", 60, 10)} == {capped, free}
         assert [r["id"] for r in await pull.claim(conn, pull_app["id"], "here", 60, 10)] == [pulled]
     finally:
         await conn.close()
@@ -101,7 +103,7 @@ async def test_a_run_taken_at_once_is_never_one_the_taker_invokes_or_another_hol
     try:
         await _app(conn, [("free", {})])
         run_id = await _start(conn, "free")
-        [claim] = await dispatch.claim(conn, "other", 60, 10)
+        [claim] = await claims.claim(conn, "other", 60, 10)
         async with conn.transaction():
             assert await leases.take_now(conn, run_id, leases.Lease("here", 60)) is None
         await _lapse(conn, run_id)
@@ -110,7 +112,7 @@ async def test_a_run_taken_at_once_is_never_one_the_taker_invokes_or_another_hol
             assert await leases.take_now(conn, run_id, mine) is None
         async with conn.transaction():
             taken = await leases.take_now(conn, run_id, leases.Lease("here", 60))
-        assert taken is not None and taken.claim["lease_token"] != claim["lease_token"]
+        assert taken is not None and taken.claim.lease_token != claim["lease_token"]
     finally:
         await conn.close()
 
@@ -134,22 +136,19 @@ async def test_every_lease_answers_one_claim_with_the_runs_generation(database_u
         for workflow in ("free", "capped", "rated", "pulled"):
             await _start(conn, workflow)
         await conn.execute("UPDATE runs SET generation = 3")
-        claims = list(await dispatch.claim(conn, "here", 60, 10))
-        claims += await pull.claim(conn, pull_app["id"], "here", 60, 10)
+        claimed = list(await claims.claim(conn, "here", 60, 10))
+        claimed += await pull.claim(conn, pull_app["id"], "here", 60, 10)
         taken_id = await _start(conn, "free")
         await conn.execute("UPDATE runs SET generation = 3 WHERE id = $1", taken_id)
         async with conn.transaction():
             taken = await leases.take_now(conn, taken_id, leases.Lease("here", 60))
         assert taken is not None
-        claims.append(taken.claim)
-        assert sorted(c["workflow"] for c in claims) == [
-            "capped",
-            "free",
-            "free",
-            "pulled",
-            "rated",
-        ]
-        for c in claims:
+        # The run loop reads each claim as a typed record of the same columns.
+        assert {f.name for f in dataclasses.fields(Claim)} == CLAIM_COLUMNS
+        assert taken.claim.workflow == "free" and taken.claim.generation == 3
+        assert taken.claim.lease_token is not None
+        assert sorted(c["workflow"] for c in claimed) == ["capped", "free", "pulled", "rated"]
+        for c in claimed:
             assert set(c.keys()) == CLAIM_COLUMNS, c["workflow"]
             assert c["generation"] == 3 and c["lease_token"] is not None
     finally:
@@ -170,14 +169,14 @@ async def test_a_paused_workflows_runs_are_set_aside_and_go_in_order_on_resume(
         urgent = runs.NewRun(uuid.uuid4(), P, "wf", None, priority=5)
         assert await runs.insert(conn, urgent) is not None
         other = await _start(conn, "other")
-        assert [r["id"] for r in await dispatch.claim(conn, "here", 60, 10)] == [other]
+        assert [r["id"] for r in await claims.claim(conn, "here", 60, 10)] == [other]
         aside = await conn.fetch("SELECT paused, ready_at FROM runs WHERE workflow = 'wf'")
         assert all(r["paused"] and r["ready_at"] is None for r in aside)
-        assert await dispatch.claim(conn, "here", 60, 10) == []
+        assert await claims.claim(conn, "here", 60, 10) == []
         await conn.execute("UPDATE workflows SET paused_at = NULL WHERE name = 'wf'")
         await conn.execute("UPDATE runs SET paused = false, ready_at = created_at WHERE paused")
-        assert [r["id"] for r in await dispatch.claim(conn, "here", 60, 1)] == [urgent.id]
-        assert [r["id"] for r in await dispatch.claim(conn, "here", 60, 1)] == [old]
-        assert [r["id"] for r in await dispatch.claim(conn, "here", 60, 1)] == [new]
+        assert [r["id"] for r in await claims.claim(conn, "here", 60, 1)] == [urgent.id]
+        assert [r["id"] for r in await claims.claim(conn, "here", 60, 1)] == [old]
+        assert [r["id"] for r in await claims.claim(conn, "here", 60, 1)] == [new]
     finally:
         await conn.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from stepline_server.store import apps, db, dispatch, keys, leases, orchestrators, pull, runs
+from stepline_server.store import apps, claims, db, keys, leases, orchestrators, pull, runs
 
 P = keys.DEFAULT_PROJECT
 
@@ -37,9 +37,9 @@ async def test_the_dispatcher_never_claims_a_pull_apps_runs(database_url: str) -
     conn = await db.connect(database_url)
     try:
         app_id, mine = await _apps_with_runs(conn, 3)
-        claimed = await dispatch.claim(conn, "dispatcher", 30, 10)
+        claimed = await claims.claim(conn, "dispatcher", 30, 10)
         assert {r["workflow"] for r in claimed} == {"pushed-wf"} and len(claimed) == 3
-        due_in = await dispatch.next_due_in(conn)  # the pull runs, due now, do not count
+        due_in = await claims.next_due_in(conn)  # the pull runs, due now, do not count
         assert due_in is not None and due_in > 1  # the push runs' leases
         polled = await pull.claim(conn, app_id, "poll", 30, 10)
         assert sorted(r["id"] for r in polled) == sorted(mine)

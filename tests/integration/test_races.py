@@ -7,8 +7,9 @@ import uuid
 from typing import Any
 
 from stepline.protocol import Action, StepKind, StepUpdate
+from stepline_server.engine import transitions
 from stepline_server.engine.steps import plan_updates
-from stepline_server.store import apps, db, dispatch, keys, runs, waits
+from stepline_server.store import apps, claims, db, keys, progress, runs, waits
 
 PROJECT = keys.DEFAULT_PROJECT
 
@@ -28,7 +29,7 @@ async def blocked_or_done(watcher: db.Conn, pid: int, task: asyncio.Future[Any])
     raise AssertionError("the second connection neither blocked nor finished")
 
 
-async def leased_run(conn: db.Conn, workflow: str = "wf", options: Any = None) -> dispatch.Progress:
+async def leased_run(conn: db.Conn, workflow: str = "wf", options: Any = None) -> progress.Progress:
     """A run of ``workflow`` claimed by this test, as an empty progress item for its lease."""
     await keys.bootstrap(conn)
     if await apps.get_by_name(conn, PROJECT, "a") is None:
@@ -36,15 +37,15 @@ async def leased_run(conn: db.Conn, workflow: str = "wf", options: Any = None) -
         await apps.record_sync(conn, app, [(workflow, options or {})], None)
     run_id = uuid.uuid4()
     await runs.insert(conn, runs.NewRun(run_id, PROJECT, workflow, None))
-    [claim] = await dispatch.claim(conn, "test", 60, 1)
+    [claim] = await claims.claim(conn, "test", 60, 1)
     plan = plan_updates(str(run_id), [])
-    return dispatch.Progress(run_id, claim["lease_token"], claim["invocation_id"], plan)
+    return progress.Progress(run_id, claim["lease_token"], claim["invocation_id"], plan)
 
 
-def event_wait(item: dispatch.Progress, event: str) -> dispatch.Progress:
+def event_wait(item: progress.Progress, event: str) -> progress.Progress:
     update = StepUpdate(name="wait", kind=StepKind.EVENT, action=Action.EVENT, event=event)
     plan = plan_updates(str(item.run_id), [update])
-    return dispatch.Progress(item.run_id, item.token, item.invocation_id, plan, seq=1)
+    return progress.Progress(item.run_id, item.token, item.invocation_id, plan, seq=1)
 
 
 async def step_status(conn: db.Conn, run_id: uuid.UUID, name: str) -> str:
@@ -71,7 +72,7 @@ async def test_an_event_sent_while_its_wait_commits_resumes_the_run(database_url
     try:
         item = event_wait(await leased_run(first), "order.paid")
         async with first.transaction():
-            assert await dispatch.apply_plan(first, item) is not None
+            assert await progress.apply_plan(first, item) is not None
             sending = asyncio.ensure_future(
                 waits.send_event(second, PROJECT, "order.paid", {"n": 1})
             )
@@ -91,7 +92,7 @@ async def test_a_wait_recorded_while_its_event_commits_takes_the_event(database_
         async with second.transaction():
             _, sent = await waits.send_event(second, PROJECT, "order.paid", 7)
             assert sent.matched == []
-            recording = asyncio.ensure_future(dispatch.apply_plan(first, item))
+            recording = asyncio.ensure_future(progress.apply_plan(first, item))
             assert await blocked_or_done(watcher, first.get_server_pid(), recording)
         assert await recording is not None
         assert await step_status(watcher, item.run_id, "wait") == "completed"
@@ -116,10 +117,10 @@ async def test_two_claims_at_once_never_exceed_a_concurrency_cap(database_url: s
             "UPDATE runs SET ready_at = now() + interval '1 h' WHERE id = $1", two
         )
         async with first.transaction():
-            [claim] = await dispatch.claim(first, "first", 60, 10)
+            [claim] = await claims.claim(first, "first", 60, 10)
             assert claim["id"] == one
             await watcher.execute("UPDATE runs SET ready_at = now() WHERE id = $1", two)
-            claiming = asyncio.ensure_future(dispatch.claim(second, "second", 60, 10))
+            claiming = asyncio.ensure_future(claims.claim(second, "second", 60, 10))
             assert await blocked_or_done(watcher, second.get_server_pid(), claiming)
         assert await claiming == []
         leased = await watcher.fetchval(
@@ -151,14 +152,14 @@ async def test_held_runs_go_as_slots_free_oldest_first(database_url: str) -> Non
         for _ in range(2):
             others.append(uuid.uuid4())
             await runs.insert(conn, runs.NewRun(others[-1], PROJECT, "capped", None))
-        [claim] = await dispatch.claim(conn, "o", 60, 10)
+        [claim] = await claims.claim(conn, "o", 60, 10)
         assert claim["id"] == first
-        assert await dispatch.claim(conn, "o", 60, 10) == []
+        assert await claims.claim(conn, "o", 60, 10) == []
         assert await conn.fetchval("SELECT count(*) FROM runs WHERE held") == 2
         leases = [{"id": str(first), "token": claim["lease_token"]}]
-        await conn.execute(dispatch.Q["suspend_runs"], leases)
-        assert await dispatch.release_held(conn) == 1
-        [nxt] = await dispatch.claim(conn, "o", 60, 10)
+        await conn.execute(db.Q["suspend_runs"], leases)
+        assert await claims.release_held(conn) == 1
+        [nxt] = await claims.claim(conn, "o", 60, 10)
         assert nxt["id"] == others[0]
         assert await conn.fetchval("SELECT held FROM runs WHERE id = $1", others[1])
     finally:
@@ -242,28 +243,28 @@ async def test_deleting_an_app_never_deadlocks_with_a_child_run_updated_twice(
             await conn.close()
 
 
-async def begin(conn: db.Conn, run_id: uuid.UUID) -> tuple[dispatch.Progress, dispatch.Begun]:
+async def begin(conn: db.Conn, run_id: uuid.UUID) -> tuple[progress.Progress, claims.Begun]:
     """Claim ``run_id`` (made due now) and begin its invocation: the lease and what it sends."""
     await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
-    [claim] = await dispatch.claim(conn, "test", 60, 1)
-    start = dispatch.Begin(run_id, claim["lease_token"], claim["invocation_id"], 1)
-    begun = (await dispatch.begin_invocations(conn, [start]))[run_id]
-    item = dispatch.Progress(
+    [claim] = await claims.claim(conn, "test", 60, 1)
+    start = claims.Begin(run_id, claim["lease_token"], claim["invocation_id"], 1)
+    begun = (await claims.begin_invocations(conn, [start]))[run_id]
+    item = progress.Progress(
         run_id, claim["lease_token"], claim["invocation_id"], plan_updates(str(run_id), [])
     )
     return item, begun
 
 
-async def suspend(conn: db.Conn, item: dispatch.Progress) -> None:
+async def suspend(conn: db.Conn, item: progress.Progress) -> None:
     """End the invocation suspended, answered by an SDK that reads history deltas."""
-    done = dispatch.Progress(
+    done = progress.Progress(
         item.run_id,
         item.token,
         item.invocation_id,
         item.plan,
-        outcome=dispatch.Outcome(status="suspended", reads_deltas=True),
+        outcome=transitions.Outcome(status="suspended", reads_deltas=True),
     )
-    assert await dispatch.commit(conn, [done])
+    assert await progress.commit(conn, [done])
 
 
 async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
@@ -277,7 +278,7 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
     first, second, watcher = conns = await connections(database_url, 3)
     try:
         item = event_wait(await leased_run(first), "order.shipped")
-        assert await dispatch.apply_plan(first, item) is not None
+        assert await progress.apply_plan(first, item) is not None
         await suspend(first, item)
         whole_item, whole = await begin(first, item.run_id)
         assert whole.history_base is None  # the first begun: every step
@@ -285,19 +286,19 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
         await suspend(first, whole_item)
 
         await first.execute("UPDATE runs SET ready_at = now() WHERE id = $1", item.run_id)
-        [claim] = await dispatch.claim(first, "test", 60, 1)
-        start = dispatch.Begin(item.run_id, claim["lease_token"], claim["invocation_id"], 1)
+        [claim] = await claims.claim(first, "test", 60, 1)
+        start = claims.Begin(item.run_id, claim["lease_token"], claim["invocation_id"], 1)
         async with first.transaction():
             await waits.send_event(first, PROJECT, "order.shipped", {"n": 7})
             # A newer transaction ends first: the event's is still open below the snapshot's
             # horizon when the invocation begins.
             await watcher.execute("SELECT pg_current_xact_id()")
-            beginning = asyncio.ensure_future(dispatch.begin_invocations(second, [start]))
+            beginning = asyncio.ensure_future(claims.begin_invocations(second, [start]))
             assert await blocked_or_done(watcher, second.get_server_pid(), beginning)
         raced = (await beginning)[item.run_id]
         assert raced.history_base == whole_item.invocation_id
         assert [(s["name"], s["status"]) for s in raced.steps] == [("wait", "waiting")]
-        raced_item = dispatch.Progress(
+        raced_item = progress.Progress(
             item.run_id,
             claim["lease_token"],
             claim["invocation_id"],

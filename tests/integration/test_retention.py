@@ -9,7 +9,7 @@ import pytest
 
 from stepline_server.engine.runs import RunStatus
 from stepline_server.loops import sweeper
-from stepline_server.store import apps, db, dispatch, keys, runs
+from stepline_server.store import apps, db, keys, outcomes, runs
 from stepline_server.store.db import Q
 
 DAY = 86_400.0
@@ -169,7 +169,7 @@ async def test_ending_and_deleting_a_run_with_callbacks(database_url: str) -> No
             run_id,
         )
         async with conn.transaction():
-            await dispatch.end_run(conn, run_id, None, RunStatus.COMPLETED, None, None)
+            await outcomes.end_run(conn, run_id, None, RunStatus.COMPLETED, None, None)
         await conn.execute(
             "UPDATE runs SET ended_at = now() - interval '31 days' WHERE id = $1", run_id
         )

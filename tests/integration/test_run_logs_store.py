@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from stepline.protocol import LogLine, StepUpdate
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine.steps import plan_updates
-from stepline_server.store import apps, db, dispatch, keys, runs
+from stepline_server.store import apps, claims, db, keys, progress, runs
 
 P = keys.DEFAULT_PROJECT
 
@@ -21,7 +21,7 @@ async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid
     await apps.record_sync(conn, app, [("wf", {})], None)
     for _ in range(n):
         await runs.insert(conn, runs.NewRun(uuid.uuid4(), P, "wf", None))
-    claimed = await dispatch.claim(conn, "test", 60, n)
+    claimed = await claims.claim(conn, "test", 60, n)
     return [(r["id"], r["lease_token"], r["invocation_id"]) for r in claimed]
 
 
@@ -32,10 +32,10 @@ def _lines(prefix: str, n: int) -> list[LogLine]:
 
 def _item(
     lease: tuple[uuid.UUID, str, uuid.UUID], seq: int, lines: list[LogLine], name: str = "a"
-) -> dispatch.Progress:
+) -> progress.Progress:
     run_id, token, inv = lease
     plan = plan_updates(str(run_id), [StepUpdate(name=name, kind="run", action="start")], lines)
-    return dispatch.Progress(run_id, token, inv, plan, seq=seq)
+    return progress.Progress(run_id, token, inv, plan, seq=seq)
 
 
 async def _messages(conn: db.Conn, run_id: uuid.UUID) -> list[str]:
@@ -49,7 +49,7 @@ async def test_lines_commit_with_progress_per_run_once_and_fenced(database_url: 
     try:
         a, b, c = await _leased_runs(conn, 3)
         stale = (c[0], "stale", c[2])
-        rows = await dispatch.apply_batch(
+        rows = await progress.apply_batch(
             conn,
             [
                 _item(a, 1, _lines("a", 2)),
@@ -61,7 +61,7 @@ async def test_lines_commit_with_progress_per_run_once_and_fenced(database_url: 
         assert await _messages(conn, a[0]) == ["a0", "a1"]
         assert await _messages(conn, b[0]) == ["b0", "b1", "b2"]
         assert await _messages(conn, c[0]) == []
-        again = await dispatch.apply_batch(conn, [_item(a, 1, _lines("a", 2))])
+        again = await progress.apply_batch(conn, [_item(a, 1, _lines("a", 2))])
         assert not again[a[0]]["applied"]
         assert await _messages(conn, a[0]) == ["a0", "a1"]
         seqs = [r["seq"] for r in await runs.logs(conn, P, b[0], 0, 10)]
@@ -80,9 +80,9 @@ async def test_the_cap_holds_when_two_commits_for_one_run_race(database_url: str
         run_id = lease[0]
         tx = first.transaction()
         await tx.start()
-        await dispatch.apply_batch(first, [_item(lease, 1, _lines("x", 600), "a")])
+        await progress.apply_batch(first, [_item(lease, 1, _lines("x", 600), "a")])
         racing = asyncio.create_task(
-            dispatch.apply_batch(second, [_item(lease, 2, _lines("y", 600), "b")])
+            progress.apply_batch(second, [_item(lease, 2, _lines("y", 600), "b")])
         )
         pid = second.get_server_pid()
         for _ in range(500):  # until the second commit waits for the run's row lock

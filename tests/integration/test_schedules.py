@@ -18,7 +18,7 @@ from stepline_server.engine import schedules as rules
 from stepline_server.engine.runs import RunStatus
 from stepline_server.loops.scheduler import Scheduler
 from stepline_server.orchestrator import Orchestrator
-from stepline_server.store import apps, db, dispatch, keys, runs, schedules
+from stepline_server.store import apps, claims, db, keys, outcomes, runs, schedules
 from tests import support
 
 P = keys.DEFAULT_PROJECT
@@ -79,7 +79,7 @@ async def fired_at(conn: db.Conn, sid: str) -> list[datetime]:
     return [r["scheduled_at"] for r in await runs_of(conn, sid)]
 
 
-async def outcomes(conn: db.Conn, sid: str) -> dict[datetime, tuple[str, str | None]]:
+async def tick_outcomes(conn: db.Conn, sid: str) -> dict[datetime, tuple[str, str | None]]:
     """Each recorded tick's (outcome, reason)."""
     return {t["tick_at"]: (t["outcome"], t["reason"]) for t in await schedules.ticks(conn, sid)}
 
@@ -88,7 +88,7 @@ async def end(conn: db.Conn, run_id: Any, status: RunStatus) -> None:
     """End a run as the dispatcher would, in a transaction."""
     error = None if status is RunStatus.COMPLETED else {"message": status.value}
     async with conn.transaction():
-        assert await dispatch.end_run(conn, run_id, None, status, None, error)
+        assert await outcomes.end_run(conn, run_id, None, status, None, error)
 
 
 async def get(conn: db.Conn, sid: str) -> db.Record:
@@ -203,7 +203,7 @@ async def test_overlap_skip_records_a_skipped_tick(sched: Scheduler, conn: db.Co
     await sched.tick(T0 + MIN)
     await sched.tick(T0 + 2 * MIN)
     (first,) = await runs_of(conn, sid)
-    assert (await outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "overlap")
+    assert (await tick_outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "overlap")
     await end(conn, first["id"], RunStatus.COMPLETED)
     await sched.tick(T0 + 3 * MIN)
     assert await fired_at(conn, sid) == [T0 + MIN, T0 + 3 * MIN]
@@ -219,7 +219,7 @@ async def test_overlap_buffer_one_starts_the_waiting_tick_when_the_run_ends(
     for m in (1, 2, 3):
         await sched.tick(T0 + m * MIN)
     (first,) = await runs_of(conn, sid)
-    ticks = await outcomes(conn, sid)
+    ticks = await tick_outcomes(conn, sid)
     assert ticks[T0 + 2 * MIN] == ("buffered", "overlap")
     assert ticks[T0 + 3 * MIN] == ("skipped", "buffer_full")
     assert (await get(conn, sid))["buffered_tick_at"] == T0 + 2 * MIN
@@ -232,7 +232,7 @@ async def test_overlap_buffer_one_starts_the_waiting_tick_when_the_run_ends(
     second = (await runs_of(conn, sid))[1]
     assert second["id"] == rules.tick_run_id(sid, T0 + 2 * MIN)
     assert second["trigger"] == "schedule"
-    assert (await outcomes(conn, sid))[T0 + 2 * MIN][0] == "fired"
+    assert (await tick_outcomes(conn, sid))[T0 + 2 * MIN][0] == "fired"
     row = await get(conn, sid)
     assert row["buffered_tick_at"] is None
     assert row["last_fire_at"] == T0 + 2 * MIN
@@ -258,7 +258,7 @@ async def test_misfire_policies(
     sid = await make(conn, "@hourly", misfire=policy)
     await sched.tick(DOWN_UNTIL)
     assert await fired_at(conn, sid) == [T0 + h * HOUR for h in fired]
-    ticks = await outcomes(conn, sid)
+    ticks = await tick_outcomes(conn, sid)
     assert ticks[T0 + 5 * HOUR] == ("fired", None)
     for h in range(1, 5):
         expected = ("fired", "misfire") if h in fired else ("skipped", "misfire")
@@ -271,7 +271,7 @@ async def test_fire_all_is_capped(orch: Orchestrator, conn: db.Conn) -> None:
     sid = await make(conn, "@hourly", misfire=rules.MisfirePolicy.FIRE_ALL)
     await Scheduler(orch.pool, orch.settings, cap=2).tick(DOWN_UNTIL)
     assert await fired_at(conn, sid) == [T0 + HOUR, T0 + 2 * HOUR, T0 + 5 * HOUR]
-    assert (await outcomes(conn, sid))[T0 + 3 * HOUR] == ("skipped", "misfire")
+    assert (await tick_outcomes(conn, sid))[T0 + 3 * HOUR] == ("skipped", "misfire")
 
 
 # --- failures, pause, versions -----------------------------------------------------------------
@@ -333,7 +333,7 @@ async def test_pause_and_resume(sched: Scheduler, conn: db.Conn) -> None:
     assert resumed is not None and resumed["version"] == 3
     assert await sched.tick(T0 + 6 * MIN) == 1
     assert await fired_at(conn, sid) == [T0 + MIN, T0 + 6 * MIN]
-    assert set(await outcomes(conn, sid)) == {T0 + MIN, T0 + 6 * MIN}
+    assert set(await tick_outcomes(conn, sid)) == {T0 + MIN, T0 + 6 * MIN}
 
 
 async def test_pausing_a_disabled_schedule_is_refused(conn: db.Conn) -> None:
@@ -354,7 +354,7 @@ async def test_an_edit_drops_the_tick_buffered_under_the_old_version(
     await sched.tick(T0 + 2 * MIN)
     edited = await schedules.update(conn, P, sid, {"input": {"v": 2}}, T0 + 2 * MIN)
     assert edited is not None and edited["version"] == 2
-    assert (await outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "superseded")
+    assert (await tick_outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "superseded")
 
     await end(conn, rules.tick_run_id(sid, T0 + MIN), RunStatus.COMPLETED)
     assert await fired_at(conn, sid) == [T0 + MIN]
@@ -372,7 +372,7 @@ async def test_a_buffered_tick_of_an_older_version_is_not_fired(
     await conn.execute("UPDATE schedules SET version = version + 1 WHERE id = $1", sid)
     await end(conn, rules.tick_run_id(sid, T0 + MIN), RunStatus.COMPLETED)
     assert await fired_at(conn, sid) == [T0 + MIN]
-    assert (await outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "superseded")
+    assert (await tick_outcomes(conn, sid))[T0 + 2 * MIN] == ("skipped", "superseded")
     assert (await get(conn, sid))["buffered_tick_at"] is None
 
 
@@ -396,7 +396,7 @@ async def test_start_lag_is_recorded(sched: Scheduler, conn: db.Conn) -> None:
     tick = datetime.now(UTC).replace(second=0, microsecond=0) - MIN
     sid = await make(conn, "* * * * *", tick - timedelta(seconds=30), input={"x": 1})
     assert await sched.tick(tick + timedelta(seconds=1)) == 1
-    await dispatch.claim(conn, "test", 30.0, 10)
+    await claims.claim(conn, "test", 30.0, 10)
     row = await runs.get(conn, P, rules.tick_run_id(sid, tick))
     assert row is not None
     data = serialize.run(row)
@@ -441,7 +441,7 @@ async def test_ticks_of_an_unregistered_workflow_are_skipped(
     sid = await make(conn, "* * * * *")
     await conn.execute("DELETE FROM workflows WHERE name = 'wf'")
     assert await sched.tick(T0 + MIN) == 0
-    assert await outcomes(conn, sid) == {T0 + MIN: ("skipped", "workflow_not_found")}
+    assert await tick_outcomes(conn, sid) == {T0 + MIN: ("skipped", "workflow_not_found")}
 
 
 # --- schedules declared in code ----------------------------------------------------------------

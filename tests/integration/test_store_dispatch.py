@@ -7,9 +7,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from stepline.protocol import Action, StepKind, StepUpdate
+from stepline_server.engine import transitions
 from stepline_server.engine.steps import Plan, plan_updates
 from stepline_server.loops.batcher import ProgressBatcher
-from stepline_server.store import apps, db, dispatch, keys, leases, runs, waits
+from stepline_server.store import apps, claims, db, keys, leases, outcomes, progress, runs, waits
 
 
 async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid.UUID]]:
@@ -18,7 +19,7 @@ async def _leased_runs(conn: db.Conn, n: int) -> list[tuple[uuid.UUID, str, uuid
     for _ in range(n):
         new = runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", None)
         await runs.insert(conn, new)
-    claimed = await dispatch.claim(conn, "test", 60, n)
+    claimed = await claims.claim(conn, "test", 60, n)
     return [(r["id"], r["lease_token"], r["invocation_id"]) for r in claimed]
 
 
@@ -35,8 +36,8 @@ async def test_one_statement_commits_several_runs_and_refuses_a_stale_one(
         for n, (run_id, token, inv) in enumerate(leased):
             updates = [StepUpdate(name="a", kind="run", action="start")]
             plan = plan_updates(str(run_id), updates)
-            items.append(dispatch.Progress(run_id, token if n else "stale", inv, plan))
-        rows = await dispatch.apply_batch(conn, items)
+            items.append(progress.Progress(run_id, token if n else "stale", inv, plan))
+        rows = await progress.apply_batch(conn, items)
         assert set(rows) == {leased[1][0], leased[2][0]}
         for n, (run_id, _, _) in enumerate(leased):
             steps = await runs.steps(conn, run_id)
@@ -66,7 +67,7 @@ async def test_batcher_isolates_a_bad_call(database_url: str) -> None:
                 name=name, kind=StepKind.RUN, action=Action.START, attempt=1
             )
             plan = plan_updates(str(run_id), [update])
-            calls.append(batcher.apply(dispatch.Progress(run_id, token, inv, plan)))
+            calls.append(batcher.apply(progress.Progress(run_id, token, inv, plan)))
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert [isinstance(r, Exception) for r in results] == [False, False, True, False]
         assert all(r is not None for n, r in enumerate(results) if n != 2)
@@ -90,14 +91,14 @@ async def test_a_progress_call_sent_again_is_applied_once(database_url: str) -> 
     try:
         [(run_id, token, inv)] = await _leased_runs(conn, 1)
         updates = [StepUpdate(name="a", kind="run", action="start")]
-        item = dispatch.Progress(run_id, token, inv, plan_updates(str(run_id), updates), seq=1)
-        first = await dispatch.apply_batch(conn, [item])
-        again = await dispatch.apply_batch(conn, [item])
+        item = progress.Progress(run_id, token, inv, plan_updates(str(run_id), updates), seq=1)
+        first = await progress.apply_batch(conn, [item])
+        again = await progress.apply_batch(conn, [item])
         assert first[run_id]["applied"] and not again[run_id]["applied"]
         history = await runs.events(conn, keys.DEFAULT_PROJECT, run_id, 0, 50)
         assert [e["type"] for e in history] == ["run.started", "step.started"]
-        stale = dispatch.Progress(run_id, "other", inv, item.plan, seq=2)
-        assert await dispatch.apply_batch(conn, [stale]) == {}
+        stale = progress.Progress(run_id, "other", inv, item.plan, seq=2)
+        assert await progress.apply_batch(conn, [stale]) == {}
     finally:
         await conn.close()
 
@@ -115,7 +116,7 @@ async def test_sweeper_deletes_runs_past_retention_and_old_events(database_url: 
         old, recent, running = (run_id for run_id, _, _ in leased)
         async with conn.transaction():
             for run_id in (old, recent):
-                await dispatch.end_run(conn, run_id, None, RunStatus.COMPLETED, 1, None)
+                await outcomes.end_run(conn, run_id, None, RunStatus.COMPLETED, 1, None)
         await conn.execute(
             "UPDATE runs SET ended_at = now() - interval '31 days' WHERE id = $1", old
         )
@@ -144,25 +145,25 @@ async def test_invocations_ending_together_are_recorded_in_one_commit(database_u
         done_plan = [StepUpdate(name="a", kind="run", action="complete", output=[0, 1, 4])]
         sleep_plan = [StepUpdate(name="z", kind="sleep", action="sleep", delayMs=60_000)]
         outcomes = [
-            (done_plan, dispatch.Outcome("completed", output=[0, 1, 4])),
-            ([], dispatch.Outcome("failed", error={"type": "Boom", "message": "no"})),
-            (sleep_plan, dispatch.Outcome("suspended")),
-            ([], dispatch.Outcome("completed", output="never")),
+            (done_plan, transitions.Outcome("completed", output=[0, 1, 4])),
+            ([], transitions.Outcome("failed", error={"type": "Boom", "message": "no"})),
+            (sleep_plan, transitions.Outcome("suspended")),
+            ([], transitions.Outcome("completed", output="never")),
         ]
         items = [
-            dispatch.Progress(
+            progress.Progress(
                 run_id,
                 token if n != 3 else "lost",
                 inv,
                 plan_updates(str(run_id), updates),
-                (dispatch.ended_event(outcome),),
+                (outcome.ended_event(),),
                 outcome=outcome,
             )
             for n, ((run_id, token, inv), (updates, outcome)) in enumerate(
                 zip(leased, outcomes, strict=True)
             )
         ]
-        done = await dispatch.commit(conn, items)
+        done = await progress.commit(conn, items)
         assert [leased[n][0] in done for n in range(4)] == [True, True, True, False]
         assert all(d.recorded for d in done.values())
         rows = [await runs.get(conn, keys.DEFAULT_PROJECT, r[0]) for r in leased]
@@ -204,11 +205,11 @@ async def test_a_sleep_counts_from_when_the_workflow_reached_it(database_url: st
             return plan_updates(str(run_id), [update])
 
         items = [
-            dispatch.Progress(run_id, token, inv, nap(run_id, at))
+            progress.Progress(run_id, token, inv, nap(run_id, at))
             for (run_id, token, inv), at in zip(leased, at_ms, strict=True)
         ]
         before = datetime.now(UTC)
-        await dispatch.apply_batch(conn, items)
+        await progress.apply_batch(conn, items)
         after = datetime.now(UTC)
         wakes = [(await runs.steps(conn, r[0]))[0]["wake_at"] for r in leased]
         minute = timedelta(minutes=1)
@@ -244,23 +245,23 @@ async def test_a_run_created_leased_is_begun_and_a_capped_one_is_left_to_the_cla
         (_, now), (capped, not_taken) = taken["wf"], taken["capped"]
         assert now is not None and not_taken is None
         free = now.claim
-        assert free["lease_token"] is not None and free["generation"] == 1
-        assert free["app_url"] == "http://127.0.0.1:9/" and not free["past_deadline"]
+        assert free.lease_token is not None and free.generation == 1
+        assert free.app_url == "http://127.0.0.1:9/" and not free.past_deadline
         assert now.begun is not None and now.begun.steps == []
 
-        claimed = await dispatch.claim(conn, "other", 60, 10)
+        claimed = await claims.claim(conn, "other", 60, 10)
         assert [r["id"] for r in claimed] == [capped["id"]]
 
-        plan = plan_updates(str(free["id"]), [StepUpdate(name="a", kind="run", action="start")])
-        progress = dispatch.Progress(free["id"], free["lease_token"], free["invocation_id"], plan)
-        assert free["id"] in await dispatch.apply_batch(conn, [progress])
-        history = await runs.events(conn, keys.DEFAULT_PROJECT, free["id"], 0, 50)
+        plan = plan_updates(str(free.id), [StepUpdate(name="a", kind="run", action="start")])
+        item = progress.Progress(free.id, free.lease_token, free.invocation_id, plan)
+        assert free.id in await progress.apply_batch(conn, [item])
+        history = await runs.events(conn, keys.DEFAULT_PROJECT, free.id, 0, 50)
         assert [(e["seq"], e["type"]) for e in history] == [
             (1, "run.started"),
             (2, "invocation.started"),
             (3, "step.started"),
         ]
-        assert history[1]["invocation_id"] == free["invocation_id"]
+        assert history[1]["invocation_id"] == free.invocation_id
         assert history[1]["data"] == {"attempt": 1}
     finally:
         await conn.close()
@@ -281,31 +282,31 @@ async def test_completing_a_callback_leases_its_suspended_run(database_url: str)
             update = StepUpdate(name="cb", kind="callback", action="callback")
             plan = plan_updates(str(rid), [update])
             callbacks[rid] = uuid.UUID(plan.callbacks[0][0])
-            suspend = dispatch.Outcome(status="suspended") if rid == run_id else None
-            assert await dispatch.commit(
-                conn, [dispatch.Progress(rid, tok, iid, plan, outcome=suspend)]
+            suspend = transitions.Outcome(status="suspended") if rid == run_id else None
+            assert await progress.commit(
+                conn, [progress.Progress(rid, tok, iid, plan, outcome=suspend)]
             )
 
         lease = leases.Lease("here", 60)
         done = await waits.complete_callback(conn, callbacks[run_id], None, {"ok": 1}, lease=lease)
         assert done.completed and done.taken is not None and done.taken.begun is not None
         claim = done.taken.claim
-        assert claim["id"] == run_id and claim["lease_token"] not in (None, token)
-        assert claim["app_url"] == "http://127.0.0.1:9/" and claim["invoke_attempts"] == 0
-        assert await dispatch.claim(conn, "other", 60, 10) == []
+        assert claim.id == run_id and claim.lease_token not in (None, token)
+        assert claim.app_url == "http://127.0.0.1:9/" and claim.invoke_attempts == 0
+        assert await claims.claim(conn, "other", 60, 10) == []
 
         steps = done.taken.begun.steps
         assert [(s["name"], s["status"], s["output"]) for s in steps] == [
             ("cb", "completed", {"ok": 1})
         ]
-        again = dispatch.Progress(
+        again = progress.Progress(
             run_id,
-            claim["lease_token"],
-            claim["invocation_id"],
+            claim.lease_token,
+            claim.invocation_id,
             Plan(),
-            outcome=dispatch.Outcome(status="suspended"),
+            outcome=transitions.Outcome(status="suspended"),
         )
-        assert (await dispatch.commit(conn, [again]))[run_id].recorded
+        assert (await progress.commit(conn, [again]))[run_id].recorded
         row = await conn.fetchrow("SELECT ready_at, lease_token FROM runs WHERE id = $1", run_id)
         assert row["ready_at"] is None and row["lease_token"] is None
         history = await runs.events(conn, keys.DEFAULT_PROJECT, run_id, 0, 50)
@@ -342,23 +343,23 @@ async def test_sleeps_ending_within_the_lead_are_claimed_and_settled_as_of_their
         ]
         for (run_id, token, inv), update in zip(leased, updates, strict=True):
             plan = plan_updates(str(run_id), [update])
-            progress = dispatch.Progress(
-                run_id, token, inv, plan, outcome=dispatch.Outcome("suspended")
+            item = progress.Progress(
+                run_id, token, inv, plan, outcome=transitions.Outcome("suspended")
             )
-            assert (await dispatch.commit(conn, [progress]))[run_id].recorded
+            assert (await progress.commit(conn, [item]))[run_id].recorded
         soon, later, waiting = (run_id for run_id, _, _ in leased)
 
-        assert await dispatch.claim(conn, "here", 60, 10) == []
-        [claim] = await dispatch.claim(conn, "here", 60, 10, lead=5.0)
+        assert await claims.claim(conn, "here", 60, 10) == []
+        [claim] = await claims.claim(conn, "here", 60, 10, lead=5.0)
         assert claim["id"] == soon and 0 < claim["due_in"] <= 0.4
 
         # The waiting run's invocation begins too (as if leased for another reason).
         await conn.execute("UPDATE runs SET lease_token = 'other' WHERE id = $1", waiting)
         begins = [
-            dispatch.Begin(soon, claim["lease_token"], claim["invocation_id"], 1),
-            dispatch.Begin(waiting, "other", uuid.uuid4(), 1),
+            claims.Begin(soon, claim["lease_token"], claim["invocation_id"], 1),
+            claims.Begin(waiting, "other", uuid.uuid4(), 1),
         ]
-        steps = await dispatch.begin_invocations(conn, begins, lead=5.0)
+        steps = await claims.begin_invocations(conn, begins, lead=5.0)
         [nap] = steps[soon].steps
         assert nap["status"] == "completed" and 0 < steps[soon].wait_s <= 0.4
         row = await conn.fetchrow(
@@ -389,10 +390,10 @@ async def test_a_run_this_orchestrator_is_invoking_is_not_taken_again(database_u
         app = await apps.create(conn, keys.DEFAULT_PROJECT, "a", "http://127.0.0.1:9/", "s")
         await apps.record_sync(conn, app, [("wf", {})], None)
         await runs.insert(conn, runs.NewRun(uuid.uuid4(), keys.DEFAULT_PROJECT, "wf", None))
-        [first] = await dispatch.claim(conn, "here", 0, 10)  # a lease that is over at once
-        again = await dispatch.claim(conn, "here", 60, 10, holding=[first["id"]])
+        [first] = await claims.claim(conn, "here", 0, 10)  # a lease that is over at once
+        again = await claims.claim(conn, "here", 60, 10, holding=[first["id"]])
         assert again == []
-        [other] = await dispatch.claim(conn, "there", 60, 10)
+        [other] = await claims.claim(conn, "there", 60, 10)
         assert other["id"] == first["id"] and other["taken_over"]
         assert other["lease_token"] != first["lease_token"]
     finally:
@@ -412,15 +413,15 @@ async def test_a_delta_follows_only_an_answer_of_an_sdk_that_reads_deltas(
         [(run_id, token, inv)] = await _leased_runs(conn, 1)
         update = StepUpdate(name="a", kind="value", action="complete", output=1)
         plan = plan_updates(str(run_id), [update])
-        begun = await dispatch.begin_invocations(conn, [dispatch.Begin(run_id, token, inv, 1)])
+        begun = await claims.begin_invocations(conn, [claims.Begin(run_id, token, inv, 1)])
         assert begun[run_id].history_base is None
 
-        async def answer_then_begin(reads_deltas: bool, deltas: bool = True) -> dispatch.Begun:
+        async def answer_then_begin(reads_deltas: bool, deltas: bool = True) -> claims.Begun:
             """The invocation holding the run answers, suspended; the next one begins."""
             nonlocal token, inv
             token, inv = await _answer_and_claim(conn, run_id, token, inv, plan, reads_deltas)
-            start = dispatch.Begin(run_id, token, inv, 1, deltas)
-            return (await dispatch.begin_invocations(conn, [start]))[run_id]
+            start = claims.Begin(run_id, token, inv, 1, deltas)
+            return (await claims.begin_invocations(conn, [start]))[run_id]
 
         assert (await answer_then_begin(reads_deltas=False)).history_base is None
         await conn.execute("UPDATE apps SET protocol_version = 1")
@@ -444,11 +445,11 @@ async def test_a_begin_tried_again_after_its_commit_was_lost_records_it_once(
         [(run_id, token, inv)] = await _leased_runs(conn, 1)
         update = StepUpdate(name="a", kind="value", action="complete", output=1)
         plan = plan_updates(str(run_id), [update])
-        await dispatch.begin_invocations(conn, [dispatch.Begin(run_id, token, inv, 1)])
+        await claims.begin_invocations(conn, [claims.Begin(run_id, token, inv, 1)])
         next_token, next_inv = await _answer_and_claim(conn, run_id, token, inv, plan, True)
-        start = dispatch.Begin(run_id, next_token, next_inv, 1)
-        first = (await dispatch.begin_invocations(conn, [start]))[run_id]
-        again = (await dispatch.begin_invocations(conn, [start]))[run_id]
+        start = claims.Begin(run_id, next_token, next_inv, 1)
+        first = (await claims.begin_invocations(conn, [start]))[run_id]
+        again = (await claims.begin_invocations(conn, [start]))[run_id]
         started = await conn.fetchval(
             "SELECT count(*) FROM run_events WHERE run_id = $1 AND type = 'invocation.started'"
             " AND invocation_id = $2",
@@ -479,9 +480,9 @@ async def _answer_and_claim(
 ) -> tuple[str, uuid.UUID]:
     """The invocation holding the run answers ``plan``, suspended (its SDK reading deltas or
     not); the run comes due and is claimed again: the new claim's token and invocation id."""
-    outcome = dispatch.Outcome(status="suspended", reads_deltas=reads_deltas)
-    done = dispatch.Progress(run_id, token, inv, plan, outcome=outcome)
-    assert (await dispatch.commit(conn, [done]))[run_id].recorded
+    outcome = transitions.Outcome(status="suspended", reads_deltas=reads_deltas)
+    done = progress.Progress(run_id, token, inv, plan, outcome=outcome)
+    assert (await progress.commit(conn, [done]))[run_id].recorded
     await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
-    [claim] = await dispatch.claim(conn, "test", 60, 1)
+    [claim] = await claims.claim(conn, "test", 60, 1)
     return claim["lease_token"], claim["invocation_id"]

@@ -11,6 +11,7 @@ import pytest
 from stepline.protocol import InvokeRequest, StepRecord, dump
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.urls import CallbackSigner
+from tests.claims import claim
 
 API = "http://orchestrator.test"
 SIGNER = CallbackSigner(["secret"])
@@ -95,7 +96,7 @@ def test_body_matches_the_protocol_models(run_input: Any, steps: list[dict[str, 
         "lease_token": "tok",
         "cancel_requested": bool(steps),
     }
-    built = invoke_body(run, steps, attempt=2, api_url=API, signer=SIGNER)
+    built = invoke_body(claim(run), steps, attempt=2, api_url=API, signer=SIGNER)
     assert built == through_models(run, steps, 2)
     assert list(built) == list(through_models(run, steps, 2))
     InvokeRequest.model_validate(built)  # and the SDK reads it back
@@ -114,10 +115,12 @@ def test_a_delta_comes_in_a_form_only_an_sdk_that_reads_deltas_takes() -> None:
         "cancel_requested": False,
     }
     base = uuid.uuid4()
-    built = invoke_body(run, STEPS[:2], attempt=1, api_url=API, signer=SIGNER, history_base=base)
+    built = invoke_body(
+        claim(run), STEPS[:2], attempt=1, api_url=API, signer=SIGNER, history_base=base
+    )
     assert set(built["steps"]) == {"historyBase", "changes"} and "historyBase" not in built
     read = InvokeRequest.model_validate(built)
     assert read.history_base == str(base)
     assert [s.name for s in read.steps] == ["a", "b"]
-    whole = invoke_body(run, STEPS[:2], attempt=1, api_url=API, signer=SIGNER)
+    whole = invoke_body(claim(run), STEPS[:2], attempt=1, api_url=API, signer=SIGNER)
     assert isinstance(whole["steps"], list) and "historyBase" not in whole

@@ -21,6 +21,7 @@ from stepline_server.engine import history, ids
 from stepline_server.engine.steps import plan_updates
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.urls import CallbackSigner
+from tests.claims import claim
 
 SIGNER = CallbackSigner(["secret"])
 
@@ -46,7 +47,7 @@ def test_a_result_the_store_did_not_read_goes_by_reference() -> None:
         _row("small", 2, {"a": 1}, 8),
         _row("null", 3, None, 4),
     ]
-    body = invoke_body(run, steps, attempt=1, api_url="http://o.test", signer=SIGNER)
+    body = invoke_body(claim(run), steps, attempt=1, api_url="http://o.test", signer=SIGNER)
     big, small, null = body["steps"]
     assert big["outputRef"] == {"size": INLINE_RESULT_BYTES + 1, "digest": "md5:" + "ab" * 16}
     assert "output" not in big

@@ -8,7 +8,7 @@ from starlette.responses import Response
 from stepline_server.api.context import orch
 from stepline_server.api.responses import json_response
 from stepline_server.metrics import CONTENT_TYPE, Sample
-from stepline_server.store import dispatch
+from stepline_server.store import claims
 from stepline_server.store.db import Q
 
 
@@ -36,7 +36,7 @@ async def metrics(request: Request) -> Response:
     o.sample()
     try:
         async with o.read_pool.acquire(timeout=2) as conn:
-            sample = Sample(*await dispatch.backlog(conn))
+            sample = Sample(*await claims.backlog(conn))
     except Exception:
         sample = Sample(-1, -1.0)  # the database did not answer: the scrape still works
     return Response(o.metrics.render(sample), media_type=CONTENT_TYPE)

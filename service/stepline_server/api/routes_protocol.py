@@ -36,7 +36,8 @@ from stepline_server.api.errors import (
 )
 from stepline_server.api.responses import json_response
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
-from stepline_server.store import db, dispatch
+from stepline_server.store import db
+from stepline_server.store import progress as step_progress
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -94,7 +95,7 @@ async def commit_progress(
     except (ValueError, InvalidUpdate) as exc:
         raise ValidationFailed(str(exc)) from None
     digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-    item = dispatch.Progress(run_id, lease, invocation_id, plan, seq=call.seq, digest=digest)
+    item = step_progress.Progress(run_id, lease, invocation_id, plan, seq=call.seq, digest=digest)
     done = await _apply(o, item)
     if done is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
@@ -105,7 +106,7 @@ async def commit_progress(
     return {"cancelRequested": done.row["cancel_requested"], "callbacks": callbacks}
 
 
-async def _apply(o: Orchestrator, item: dispatch.Progress) -> dispatch.Committed | None:
+async def _apply(o: Orchestrator, item: step_progress.Progress) -> step_progress.Committed | None:
     """Commit the call, waiting out a database that is briefly away (a restart, a failover)
     rather than failing the step: the call is fenced by its lease and de-duplicated by its seq
     and digest, so a try whose commit was lost comes back as applied."""

@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stepline.protocol import INLINE_RESULT_BYTES
+from stepline_server.engine.transitions import Claim
 from stepline_server.invoke.urls import CallbackSigner
 
 
 def invoke_body(
-    run: Mapping[str, Any],
+    run: Claim,
     steps: Sequence[Mapping[str, Any]],
     *,
     attempt: int,
@@ -32,16 +33,16 @@ def invoke_body(
     it kept; an SDK from before this form refuses it rather than take it for the whole)."""
     body: dict[str, Any] = {
         "kind": "invoke",
-        "runId": str(run["id"]),
-        "workflow": run["workflow"],
-        "input": run["input"],
-        "invocationId": str(run["invocation_id"]),
-        "token": signer.invocation_token(str(run["invocation_id"]), run["lease_token"]),
+        "runId": str(run.id),
+        "workflow": run.workflow,
+        "input": run.input,
+        "invocationId": str(run.invocation_id),
+        "token": signer.invocation_token(str(run.invocation_id), run.lease_token),
         "apiUrl": api_url,
         "attempt": attempt,
-        "cancelRequested": run["cancel_requested"],
+        "cancelRequested": run.cancel_requested,
         "steps": [step_json(s, api_url, signer) for s in steps],
-        "generation": run.get("generation") or 1,
+        "generation": run.generation,
     }
     if history_base is not None:
         body["steps"] = {"historyBase": str(history_base), "changes": body["steps"]}

@@ -17,12 +17,12 @@ import uuid
 import structlog
 
 from stepline_server.metrics import Metrics
-from stepline_server.store import dispatch
+from stepline_server.store import progress
 from stepline_server.store.db import Pool
 
 log = structlog.get_logger("stepline.batcher")
 
-Entry = tuple[dispatch.Progress, "asyncio.Future[dispatch.Committed | None]"]
+Entry = tuple[progress.Progress, "asyncio.Future[progress.Committed | None]"]
 
 
 class ProgressBatcher:
@@ -45,12 +45,12 @@ class ProgressBatcher:
         self._flushing = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def apply(self, item: dispatch.Progress) -> dispatch.Committed | None:
+    async def apply(self, item: progress.Progress) -> progress.Committed | None:
         """Commit ``item``; None when its token is stale. A plan that starts children or waits
         for events needs a transaction of its own."""
         if item.plan.needs_transaction:
             async with self.pool.acquire() as conn:
-                done = await dispatch.apply_plan(conn, item)
+                done = await progress.apply_plan(conn, item)
             self.metrics.progress_committed(1, grouped=False)
             if done is not None:
                 self._observe([item])
@@ -59,14 +59,14 @@ class ProgressBatcher:
             return done
         if not self._queue and self._flushing < self.max_flushes:
             return await self._alone(item)  # nothing to group it with: no task, no hand-off
-        future: asyncio.Future[dispatch.Committed | None] = (
+        future: asyncio.Future[progress.Committed | None] = (
             asyncio.get_running_loop().create_future()
         )
         self._queue.append((item, future))
         self._kick()
         return await future
 
-    async def _alone(self, item: dispatch.Progress) -> dispatch.Committed | None:
+    async def _alone(self, item: progress.Progress) -> progress.Committed | None:
         self._flushing += 1
         try:
             return (await self._commit([item])).get(item.run_id)
@@ -74,14 +74,14 @@ class ProgressBatcher:
             self._flushing -= 1
             self._kick()
 
-    async def _commit(self, items: list[dispatch.Progress]) -> dict[uuid.UUID, dispatch.Committed]:
+    async def _commit(self, items: list[progress.Progress]) -> dict[uuid.UUID, progress.Committed]:
         async with self.pool.acquire() as conn:
-            done = await dispatch.commit(conn, items)
+            done = await progress.commit(conn, items)
         self.metrics.progress_committed(len(items))
         self._observe([item for item in items if item.run_id in done])
         return done
 
-    def _observe(self, items: list[dispatch.Progress]) -> None:
+    def _observe(self, items: list[progress.Progress]) -> None:
         """Time the steps these committed items started or ended."""
         for item in items:
             changes = item.plan.changes

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -16,9 +16,10 @@ import structlog
 
 from stepline.protocol import InvokeResponse, InvokeStatus
 from stepline_server import tracing
-from stepline_server.engine import deltas, error_codes, history
+from stepline_server.engine import deltas, error_codes, history, transitions
 from stepline_server.engine import runs as rules
 from stepline_server.engine.steps import InvalidUpdate, Plan, plan_updates
+from stepline_server.engine.transitions import Claim
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
@@ -27,14 +28,13 @@ from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.pollers import Pollers
 from stepline_server.metrics import Metrics
 from stepline_server.settings import Settings
-from stepline_server.store import apps, db, dispatch, leases, orchestrators
-from stepline_server.store.db import Conn, Pool, Record
+from stepline_server.store import apps, claims, db, leases, orchestrators, outcomes, progress
+from stepline_server.store.db import Conn, Pool
 
 log = structlog.get_logger("stepline.dispatcher")
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 RELEASE_HELD_SECONDS = 2.0  # how often the heartbeat lets go held runs nobody released
-_RUN_ENDS = frozenset({"completed", "failed", "cancelled"})  # outcomes that end the run
 
 
 class Dispatcher:
@@ -60,7 +60,7 @@ class Dispatcher:
         self.wakeup = asyncio.Event()
         self._inflight: dict[uuid.UUID, str] = {}
         self._reserved = 0  # slots held for runs being created leased (see slot())
-        self._to_begin: list[Mapping[str, Any]] = []
+        self._to_begin: list[Claim] = []
         # Runs claimed ahead of their due time (settings.timer_lead_seconds): not invoked
         # before this monotonic time.
         self._not_before: dict[uuid.UUID, float] = {}
@@ -151,8 +151,8 @@ class Dispatcher:
     def _adopt(self, taken: leases.Taken) -> None:
         """Invoke a run leased to this orchestrator at once, its invocation begun."""
         claim = taken.claim
-        self._inflight[claim["id"]] = claim["lease_token"]
-        self._spawn(self._handle(claim, taken.begun), f"invoke-{claim['id']}", frees_slot=True)
+        self._inflight[claim.id] = claim.lease_token
+        self._spawn(self._handle(claim, taken.begun), f"invoke-{claim.id}", frees_slot=True)
 
     async def run(self) -> None:
         """Claim and invoke forever, riding out a lost database: the loop takes another
@@ -181,18 +181,19 @@ class Dispatcher:
         while True:
             self.wakeup.clear()
             free = self._room()
-            claimed: list[Record] = []
+            claimed: list[Claim] = []
             if free > 0:
                 asked = time.monotonic()
-                claimed = await dispatch.claim_leased(
+                rows = await claims.claim_leased(
                     conn, self.lease(), free, self.settings.timer_lead_seconds
                 )
+                claimed = [Claim.of(row) for row in rows]
                 if claimed:
-                    self.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
+                    self.metrics.lease_taken_over(sum(row.taken_over for row in claimed))
                     for row in claimed:
-                        self._inflight[row["id"]] = row["lease_token"]
-                        if row["due_in"] > 0:
-                            self._not_before[row["id"]] = asked + row["due_in"]
+                        self._inflight[row.id] = row.lease_token
+                        if row.due_in > 0:
+                            self._not_before[row.id] = asked + row.due_in
                     # The next claim need not wait for these invocations to begin.
                     self._queue_begin(claimed)
             if claimed and len(claimed) == free:
@@ -205,7 +206,7 @@ class Dispatcher:
         if self.wakeup.is_set():
             return  # something happened while claiming: look again at once
         if self._room() > 0:
-            due_in = await dispatch.next_due_in(conn, takeovers=self._takeovers())
+            due_in = await claims.next_due_in(conn, takeovers=self._takeovers())
             if due_in is not None:
                 # Claim a sleep's run the lead ahead. What comes due within the lead was not
                 # taken by the claim, so it is no sleep (a timeout, a retry, a lease): claim it
@@ -222,7 +223,7 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._done if frees_slot else self._tasks.discard)
 
-    def _queue_begin(self, claimed: Sequence[Mapping[str, Any]]) -> None:
+    def _queue_begin(self, claimed: Sequence[Claim]) -> None:
         """Begin these invocations with the next group: one begin statement runs at a time,
         and the runs claimed meanwhile begin together after it."""
         self._to_begin.extend(claimed)
@@ -253,24 +254,24 @@ class Dispatcher:
         finally:
             self._beginning = False
 
-    async def _begin(self, conn: Conn, claimed: Sequence[Mapping[str, Any]]) -> bool:
+    async def _begin(self, conn: Conn, claimed: Sequence[Claim]) -> bool:
         """Begin every claimed run's invocation in one statement (a run past its time limit is
         not invoked: it ends), then invoke each, not before what it waited for is due. Should
         that statement fail, the runs are let go (their leases expire and they are claimed
         again) and the answer is False."""
         asked = time.monotonic()
         try:
-            begun = await dispatch.begin_invocations(
+            begun = await claims.begin_invocations(
                 conn,
                 [
-                    dispatch.Begin(
-                        row["id"],
-                        row["lease_token"],
-                        row["invocation_id"],
-                        row["invoke_attempts"] + 1,
+                    claims.Begin(
+                        row.id,
+                        row.lease_token,
+                        row.invocation_id,
+                        row.invoke_attempts + 1,
                     )
                     for row in claimed
-                    if not row["past_deadline"]
+                    if not row.past_deadline
                 ],
                 self.settings.timer_lead_seconds,
             )
@@ -281,44 +282,42 @@ class Dispatcher:
                 raise
             log.exception("begin_failed", runs=len(claimed))
             for row in claimed:
-                self._inflight.pop(row["id"], None)
-                self._not_before.pop(row["id"], None)
+                self._inflight.pop(row.id, None)
+                self._not_before.pop(row.id, None)
             return False
         for row in claimed:
-            if not row["past_deadline"] and row["id"] not in begun:
+            if not row.past_deadline and row.id not in begun:
                 # Its claim went stale before it began (another orchestrator holds the run now):
                 # the app is not called.
-                self._inflight.pop(row["id"], None)
-                self._not_before.pop(row["id"], None)
-                log.info("begin_stale", run_id=str(row["id"]))
+                self._inflight.pop(row.id, None)
+                self._not_before.pop(row.id, None)
+                log.info("begin_stale", run_id=str(row.id))
                 continue
-            run = begun.get(row["id"])
+            run = begun.get(row.id)
             settled = run.steps if run is not None else []
             timers = [asked - s["late_s"] for s in settled if s["late_s"] is not None]
-            self._timers[row["id"]] = timers  # how late each fired is measured at the call
-            not_before = self._not_before.pop(row["id"], 0.0)
+            self._timers[row.id] = timers  # how late each fired is measured at the call
+            not_before = self._not_before.pop(row.id, 0.0)
             if run is not None and run.wait_s > 0:
                 not_before = max(not_before, asked + run.wait_s)
             invocation = self._handle(row, run, not_before)
-            self._spawn(invocation, f"invoke-{row['id']}", frees_slot=True)
+            self._spawn(invocation, f"invoke-{row.id}", frees_slot=True)
         return True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self.wakeup.set()
 
-    async def release_held(self, claim: Mapping[str, Any]) -> None:
+    async def release_held(self, claim: Claim) -> None:
         """Let runs held by ``claim``'s concurrency cap go as far as it has room now."""
         await self._release_held(claim)
 
-    async def _release_held(self, claim: Mapping[str, Any]) -> None:
-        cap = int((claim["options"] or {}).get("concurrency") or 0)
-        capped = dispatch.Capped(
-            claim["project_id"], claim["workflow"], claim.get("concurrency_key"), cap
-        )
+    async def _release_held(self, claim: Claim) -> None:
+        cap = int(claim.cap or 0)
+        capped = claims.Capped(claim.project_id, claim.workflow, claim.concurrency_key, cap)
         try:
             async with self.pool.acquire() as conn:
-                await dispatch.release_held(conn, capped)
+                await claims.release_held(conn, capped)
         except Exception:
             log.exception("release_held_failed")  # the heartbeat loop tries again
 
@@ -347,7 +346,7 @@ class Dispatcher:
             began = time.monotonic()
             leases = list(self._inflight.items())
             if leases:
-                await dispatch.heartbeat(conn, leases, self.settings.lease_seconds)
+                await claims.heartbeat(conn, leases, self.settings.lease_seconds)
             # This orchestrator is alive: a pull lease it gave that lapses while it beats was
             # lost by the worker, and whoever takes the run over counts it (lost_pull_leases).
             await orchestrators.seen(conn, self.owner, self.serving_seconds())
@@ -356,38 +355,36 @@ class Dispatcher:
                 # A run held while its cap looked full, released by nobody since (a race with
                 # the invocation that freed the slot), goes now.
                 released = began
-                await dispatch.release_held(conn)
+                await claims.release_held(conn)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
 
     async def _handle(
-        self, claim: Mapping[str, Any], begun: dispatch.Begun | None, not_before: float = 0.0
+        self, claim: Claim, begun: claims.Begun | None, not_before: float = 0.0
     ) -> None:
-        run_id: uuid.UUID = claim["id"]
+        run_id: uuid.UUID = claim.id
         structlog.contextvars.bind_contextvars(run_id=str(run_id))
         try:
             await self._invoke(claim, begun, not_before)
         except Exception:
             log.exception("invocation_crashed")
         finally:
-            if self._inflight.get(run_id) == claim["lease_token"]:
+            if self._inflight.get(run_id) == claim.lease_token:
                 self._inflight.pop(run_id, None)
             self._timers.pop(run_id, None)
-            if (claim["options"] or {}).get("concurrency"):
+            if claim.cap:
                 await self._release_held(claim)
             structlog.contextvars.unbind_contextvars("run_id")
 
-    async def _invoke(
-        self, claim: Mapping[str, Any], begun: dispatch.Begun | None, not_before: float
-    ) -> None:
+    async def _invoke(self, claim: Claim, begun: claims.Begun | None, not_before: float) -> None:
         """Invoke the app for a claimed run whose invocation has begun (``begun``: what to
         send; None for a run past its time limit), not before ``not_before`` (monotonic), and
         record how the invocation ended."""
-        run_id: uuid.UUID = claim["id"]
-        if claim["past_deadline"] or begun is None:
+        run_id: uuid.UUID = claim.id
+        if claim.past_deadline or begun is None:
             await self.time_out(claim)
             return
-        attempt = claim["invoke_attempts"] + 1
-        if claim["app_url"] is None:
+        attempt = claim.invoke_attempts + 1
+        if claim.app_url is None:
             return
         if await self.history_spent(claim, begun):
             return
@@ -410,11 +407,11 @@ class Dispatcher:
         for due in self._timers.pop(run_id, ()):
             self.metrics.timer_late(time.monotonic() - due)
         self.observe_begun(claim, begun)
-        with tracing.invocation(run_id, claim["workflow"], attempt) as trace_headers:
+        with tracing.invocation(run_id, claim.workflow, attempt) as trace_headers:
             result = await self.caller.invoke(
-                claim["app_url"], list(claim["app_secrets"]), body, trace_headers
+                claim.app_url, list(claim.app_secrets), body, trace_headers
             )
-        sent = f"POST {claim['app_url']} ({result.sent_bytes} bytes)"
+        sent = f"POST {claim.app_url} ({result.sent_bytes} bytes)"
         if result.ok:
             assert isinstance(result.response, InvokeResponse)
             await self.answered(
@@ -436,30 +433,30 @@ class Dispatcher:
             outcome = replace(outcome, retry_delay_ms=0, reason=deltas.REFUSED_DELTA)
         await self._record(claim, Plan(), replace(outcome, request=sent))
 
-    def observe_begun(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> None:
+    def observe_begun(self, claim: Claim, begun: claims.Begun) -> None:
         """An invocation begun: its steps are labelled with the workflow in the metrics."""
-        self.metrics.invocation_began(claim["id"], claim["workflow"])
+        self.metrics.invocation_began(claim.id, claim.workflow)
 
-    async def time_out(self, claim: Mapping[str, Any]) -> None:
+    async def time_out(self, claim: Claim) -> None:
         """End a claimed run that went past its time limit (no app is called)."""
-        run_id: uuid.UUID = claim["id"]
+        run_id: uuid.UUID = claim.id
         async with self.pool.acquire() as conn, conn.transaction():
             error = {
                 "type": "TimedOut",
                 "code": "timed_out",
                 "message": "the run went past its time limit",
             }
-            ended = await dispatch.end_run(
-                conn, run_id, claim["lease_token"], rules.RunStatus.TIMED_OUT, None, error
+            ended = await outcomes.end_run(
+                conn, run_id, claim.lease_token, rules.RunStatus.TIMED_OUT, None, error
             )
         if ended:
             self.metrics.run_ended(
-                claim["workflow"], rules.RunStatus.TIMED_OUT.value, _age(claim.get("created_at"))
+                claim.workflow, rules.RunStatus.TIMED_OUT.value, _age(claim.created_at)
             )
-            tracing.run_ended(run_id, claim["workflow"], "timedOut", claim.get("created_at"))
+            tracing.run_ended(run_id, claim.workflow, "timedOut", claim.created_at)
         log.info("run_timed_out")
 
-    async def worker_lost(self, claim: Mapping[str, Any], reason: str) -> bool:
+    async def worker_lost(self, claim: Claim, reason: str) -> bool:
         """Record the invocation of ``claim`` (its lease, lapsed) as lost with its pull app's
         worker: a delivery failure, as a push app that cannot be reached (tried again with
         backoff, the run failed ``app_unreachable`` once the delivery window is spent); whether
@@ -469,7 +466,7 @@ class Dispatcher:
 
     async def answered(
         self,
-        claim: Mapping[str, Any],
+        claim: Claim,
         response: InvokeResponse,
         http_status: int | None,
         duration_ms: int,
@@ -485,11 +482,11 @@ class Dispatcher:
         plan: Plan | None
         try:
             plan = plan_updates(
-                str(claim["id"]),
+                str(claim.id),
                 response.updates,
                 response.logs,
                 response.logs_dropped,
-                generation=claim.get("generation") or 1,
+                generation=claim.generation or 1,
             )
             outcome = _outcome(response, http_status, duration_ms)
         except InvalidUpdate as exc:
@@ -504,33 +501,29 @@ class Dispatcher:
         await self._app_answered(claim, response.deployment_id)
         return await self._record(claim, plan or Plan(), replace(outcome, request=request))
 
-    async def _app_answered(self, claim: Mapping[str, Any], deployment_id: str | None) -> None:
+    async def _app_answered(self, claim: Claim, deployment_id: str | None) -> None:
         """Remember the deployment an app answered with, as the one its next invocations
         expect (``invocation.started`` carries it); a statement only when it changed."""
-        app_id = claim.get("app_id")
+        app_id = claim.app_id
         if not deployment_id or app_id is None or self._deployments.get(app_id) == deployment_id:
             return
         async with self.pool.acquire() as conn:
             await apps.answered_with(conn, app_id, deployment_id)
         self._deployments[app_id] = deployment_id
 
-    async def _record(
-        self, claim: Mapping[str, Any], plan: Plan, outcome: dispatch.Outcome
-    ) -> bool:
-        run_id: uuid.UUID = claim["id"]
-        ok = await self._finish(run_id, claim["lease_token"], claim["invocation_id"], plan, outcome)
-        self.metrics.invocation_ended(
-            outcome.status, outcome.duration_ms, claim["workflow"], run_id
-        )
-        if ok and outcome.status in _RUN_ENDS:
-            self.metrics.run_ended(claim["workflow"], outcome.status, _age(claim.get("created_at")))
-            tracing.run_ended(run_id, claim["workflow"], outcome.status, claim.get("created_at"))
+    async def _record(self, claim: Claim, plan: Plan, outcome: transitions.Outcome) -> bool:
+        run_id: uuid.UUID = claim.id
+        ok = await self._finish(run_id, claim.lease_token, claim.invocation_id, plan, outcome)
+        self.metrics.invocation_ended(outcome.status, outcome.duration_ms, claim.workflow, run_id)
+        if ok and transitions.ends_run(outcome.status):
+            self.metrics.run_ended(claim.workflow, outcome.status, _age(claim.created_at))
+            tracing.run_ended(run_id, claim.workflow, outcome.status, claim.created_at)
         fields = {
             "outcome": outcome.status,
             "http_status": outcome.http_status,
             "duration_ms": outcome.duration_ms,
             "recorded": ok,
-            "workflow": claim["workflow"],
+            "workflow": claim.workflow,
             "run_id": str(run_id),
         }
         if outcome.status == "delivery_failed" or _code(outcome) == "app_unreachable":
@@ -539,7 +532,7 @@ class Dispatcher:
             log.info("invocation_ended", **fields)
         return ok
 
-    async def history_spent(self, claim: Mapping[str, Any], begun: dispatch.Begun) -> bool:
+    async def history_spent(self, claim: Claim, begun: claims.Begun) -> bool:
         """End the run ``failed`` (``history_limit_exceeded``) when its history is past the
         limit, instead of invoking it; warn near it."""
         limits = history.Limits(self.settings.history_max_steps, self.settings.history_max_bytes)
@@ -550,8 +543,11 @@ class Dispatcher:
         if verdict.error is None:
             return False
         log.warning("history_limit_exceeded", steps=size.steps, bytes=size.bytes)
-        outcome = dispatch.Outcome(
-            status="failed", error=verdict.error, duration_ms=0, reason="history limit exceeded"
+        outcome = transitions.Outcome(
+            status=transitions.InvocationStatus.FAILED,
+            error=verdict.error,
+            duration_ms=0,
+            reason="history limit exceeded",
         )
         await self._record(claim, Plan(), outcome)
         return True
@@ -562,19 +558,19 @@ class Dispatcher:
         token: str,
         invocation_id: uuid.UUID,
         plan: Plan,
-        outcome: dispatch.Outcome,
+        outcome: transitions.Outcome,
     ) -> bool:
         """Commit the last updates with the ``invocation.ended`` event and the outcome, in one
         transaction (shared with other runs' progress when they need none of their own). While
         the database is away the answer waits for it (backing off), so it is not lost: its lease
         fences it should another orchestrator have taken the run meanwhile."""
-        ended = (dispatch.ended_event(outcome),)
-        progress = dispatch.Progress(run_id, token, invocation_id, plan, ended, outcome=outcome)
+        ended = (outcome.ended_event(),)
+        item = progress.Progress(run_id, token, invocation_id, plan, ended, outcome=outcome)
         pause = Backoff()
         give_up = time.monotonic() + max(60.0, 3 * self.settings.lease_seconds)
         while True:
             try:
-                done = await self.batcher.apply(progress)
+                done = await self.batcher.apply(item)
                 return done is not None and done.recorded
             except Exception as exc:
                 if not db.is_transient(exc) or time.monotonic() > give_up:
@@ -585,21 +581,21 @@ class Dispatcher:
 
     def _failure(
         self,
-        claim: Mapping[str, Any],
+        claim: Claim,
         reason: str,
         http_status: int | None,
         duration_ms: int | None,
         deployment_id: str | None,
         retry_after: float | None = None,
-    ) -> dispatch.Outcome:
+    ) -> transitions.Outcome:
         """The app could not be invoked: try again later, unless the delivery window is spent
         (never the workflow's retries)."""
         decision = rules.on_delivery_failure(
-            failures_so_far=claim["invoke_attempts"],
-            failing_since=claim["undelivered_since"],
+            failures_so_far=claim.invoke_attempts,
+            failing_since=claim.undelivered_since,
             now=datetime.now(UTC),
             window_seconds=rules.delivery_window(
-                claim["options"], self.settings.delivery_window_seconds
+                claim.options, self.settings.delivery_window_seconds
             ),
             reason=reason,
             http_status=http_status,
@@ -608,8 +604,12 @@ class Dispatcher:
         )
         if decision.retry:
             self.metrics.delivery_failed()
-        return dispatch.Outcome(
-            status="delivery_failed" if decision.retry else "failed",
+        return transitions.Outcome(
+            status=(
+                transitions.InvocationStatus.DELIVERY_FAILED
+                if decision.retry
+                else transitions.InvocationStatus.FAILED
+            ),
             error=decision.error,
             http_status=http_status,
             duration_ms=duration_ms,
@@ -636,7 +636,7 @@ class Slot:
             self._dispatcher.wake()
 
 
-def _code(outcome: dispatch.Outcome) -> str | None:
+def _code(outcome: transitions.Outcome) -> str | None:
     """The error code an outcome ends its run with, if any."""
     return None if outcome.error is None else outcome.error.get("code")
 
@@ -646,7 +646,7 @@ def _age(created_at: datetime | None) -> float | None:
     return None if created_at is None else (datetime.now(UTC) - created_at).total_seconds()
 
 
-def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> dispatch.Outcome:
+def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> transitions.Outcome:
     status = response.status.value
     output, error = (
         response.output,
@@ -665,8 +665,8 @@ def _outcome(response: InvokeResponse, http_status: int | None, took: int) -> di
     if status == "failed" and error is None:
         error = {"type": "Error", "message": "the workflow failed"}
     error = error_codes.with_code(error, error_codes.WORKFLOW_FAILED)
-    return dispatch.Outcome(
-        status=status,
+    return transitions.Outcome(
+        status=transitions.InvocationStatus(status),
         output=output,
         error=error,
         http_status=http_status,

@@ -32,7 +32,7 @@ import structlog
 
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import runs as run_rules
-from stepline_server.store import dispatch, operations, waits
+from stepline_server.store import claims, operations, waits
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.operations")
@@ -157,7 +157,7 @@ class OperationsLoop:
 
     async def _room(self, conn: Conn, op: Record) -> tuple[int, int]:
         """How many runs the batch may act on, and the dispatcher's backlog."""
-        backlog, _ = await dispatch.backlog(conn)
+        backlog, _ = await claims.backlog(conn)
         window = rules.AHEAD_BATCHES * self._batch_size
         ahead = await operations.ahead(conn, op["id"], window)
         since = self._held_since.get(op["id"])

@@ -13,9 +13,10 @@ from typing import Any
 import structlog
 
 from stepline.protocol import InvokeResponse
+from stepline_server.engine.transitions import Claim
 from stepline_server.invoke.body import invoke_body
 from stepline_server.loops.dispatcher import Dispatcher
-from stepline_server.store import dispatch, pull
+from stepline_server.store import claims, pull
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.pull")
@@ -90,24 +91,25 @@ class PullInvocations:
         lease = self.dispatcher.lease()
         if lease.takeovers:
             await self._record_lost(conn, app_id)
-        claimed = await pull.claim(
+        rows = await pull.claim(
             conn, app_id, lease.owner, lease.seconds, limit, takeovers=lease.takeovers
         )
+        claimed = [Claim.of(row) for row in rows]
         if not claimed:
             return []
-        self.dispatcher.metrics.lease_taken_over(sum(row["taken_over"] for row in claimed))
-        overdue = [row for row in claimed if row["past_deadline"]]
+        self.dispatcher.metrics.lease_taken_over(sum(row.taken_over for row in claimed))
+        overdue = [row for row in claimed if row.past_deadline]
         for row in overdue:  # a capped run past its time limit: it ends, no worker runs it
             await self.dispatcher.time_out(row)
-        begin = [row for row in claimed if not row["past_deadline"]]
-        begun = await dispatch.begin_invocations(
+        begin = [row for row in claimed if not row.past_deadline]
+        begun = await claims.begin_invocations(
             conn,
             [
-                dispatch.Begin(
-                    row["id"],
-                    row["lease_token"],
-                    row["invocation_id"],
-                    row["invoke_attempts"] + 1,
+                claims.Begin(
+                    row.id,
+                    row.lease_token,
+                    row.invocation_id,
+                    row.invoke_attempts + 1,
                     deltas,
                 )
                 for row in begin
@@ -115,7 +117,7 @@ class PullInvocations:
         )
         bodies = []
         for row in begin:
-            run = begun.get(row["id"])
+            run = begun.get(row.id)
             if run is None:
                 continue  # its claim went stale before it began
             if await self.dispatcher.history_spent(row, run):
@@ -125,7 +127,7 @@ class PullInvocations:
                 invoke_body(
                     row,
                     run.steps,
-                    attempt=row["invoke_attempts"] + 1,
+                    attempt=row.invoke_attempts + 1,
                     api_url=self.settings.base_url,
                     signer=self.dispatcher.signer,
                     history_base=run.history_base,
@@ -140,11 +142,11 @@ class PullInvocations:
         another, was serving), record each loss as a delivery failure: the run is invoked
         again after the backoff, or fails ``app_unreachable`` once its delivery window is
         spent."""
-        lost = await pull.lost(conn, app_id, self.settings.lease_seconds)
+        lost = [Claim.of(row) for row in await pull.lost(conn, app_id, self.settings.lease_seconds)]
         for claim in lost:
-            log.warning("worker_lost", run_id=str(claim["id"]))
+            log.warning("worker_lost", run_id=str(claim.id))
             await self.dispatcher.worker_lost(claim, WORKER_LOST)
-            if (claim["options"] or {}).get("concurrency"):
+            if claim.cap:
                 await self.dispatcher.release_held(claim)
 
     async def answer(
@@ -161,21 +163,23 @@ class PullInvocations:
         ran it); False when the lease is no longer the run's (another invocation owns it, or
         it ended)."""
         async with self.pool.acquire() as conn:
-            claim = await pull.leased(conn, run_id, lease)
-        if claim is None or claim["invocation_id"] != invocation_id:
+            row = await pull.leased(conn, run_id, lease)
+        if row is None or row["invocation_id"] != invocation_id:
             return False
+        claim = Claim.of(row)
         recorded = await self.dispatcher.answered(
             claim, response, None, duration_ms, request=f"poll by {worker}"
         )
-        if (claim["options"] or {}).get("concurrency"):
+        if claim.cap:
             await self.dispatcher.release_held(claim)
         # Something may have woken the run while it ran (it is due again at once).
-        self.dispatcher.pollers.wake(claim["app_id"])
+        if claim.app_id is not None:
+            self.dispatcher.pollers.wake(claim.app_id)
         return recorded
 
     async def beat(self, run_id: uuid.UUID, lease: str) -> bool | None:
         """Extend a worker's lease on its invocation; whether the run's cancellation was
         requested, None when the lease is lost."""
         async with self.pool.acquire() as conn:
-            held = await dispatch.heartbeat(conn, [(run_id, lease)], self.settings.lease_seconds)
+            held = await claims.heartbeat(conn, [(run_id, lease)], self.settings.lease_seconds)
         return held.get(run_id)

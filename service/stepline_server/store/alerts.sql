@@ -1,5 +1,5 @@
 -- Alerts and their outbox of notifications (alert_notifications). A notification is recorded
--- by the statement that caused it: the end of a run (end_runs in dispatch.sql), a schedule
+-- by the statement that caused it: the end of a run (end_runs in outcomes.sql), a schedule
 -- disabled, a stuck run found, an SLA breach found; the delivery loop sends it.
 
 -- name: insert_alert

@@ -39,7 +39,7 @@ async def invocation_steps(
     lease: str,
     inline_max: int = INLINE_RESULT_BYTES,
 ) -> list[Record] | None:
-    """Every step of the run as it stands now (rows as :func:`dispatch.begin_invocations` gives
+    """Every step of the run as it stands now (rows as :func:`claims.begin_invocations` gives
     them), for the invocation holding it; None when that invocation no longer holds the run."""
     rows = await conn.fetch(Q["invocation_steps"], run_id, invocation_id, lease, inline_max)
     if not rows:

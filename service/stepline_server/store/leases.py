@@ -8,9 +8,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from stepline_server.store import dispatch
-from stepline_server.store.db import Conn, Q, Record
-from stepline_server.store.dispatch import Lease
+from stepline_server.engine.transitions import Claim
+from stepline_server.store import claims
+from stepline_server.store.claims import Lease
+from stepline_server.store.db import Conn, Q
 
 __all__ = ["Lease", "Taken", "take_now"]
 
@@ -20,8 +21,8 @@ class Taken:
     """A run leased at once: its claim (the shape every lease answers) and its invocation,
     begun (None: its lease went at once, past its deadline the run is to be ended)."""
 
-    claim: Record
-    begun: dispatch.Begun | None
+    claim: Claim
+    begun: claims.Begun | None
 
 
 async def take_now(conn: Conn, run_id: uuid.UUID, lease: Lease) -> Taken | None:
@@ -29,16 +30,17 @@ async def take_now(conn: Conn, run_id: uuid.UUID, lease: Lease) -> Taken | None:
     nothing gates it (a pull app's run, a capped or rate-limited one wait for their claims);
     None when it was not leased. In the caller's transaction (the one that started or woke the
     run, so one commit does both)."""
-    claim = await conn.fetchrow(
+    row = await conn.fetchrow(
         Q["lease_now"], run_id, lease.owner, lease.seconds, list(lease.holding),
         lease.takeovers,
     )  # fmt: skip
-    if claim is None:
+    if row is None:
         return None
-    if claim["past_deadline"]:
+    claim = Claim.of(row)
+    if claim.past_deadline:
         return Taken(claim, None)
-    start = dispatch.Begin(
-        claim["id"], claim["lease_token"], claim["invocation_id"], claim["invoke_attempts"] + 1
+    start = claims.Begin(
+        claim.id, claim.lease_token, claim.invocation_id, claim.invoke_attempts + 1
     )
-    begun = await dispatch.begin_invocations(conn, [start])
-    return Taken(claim, begun.get(claim["id"]))
+    begun = await claims.begin_invocations(conn, [start])
+    return Taken(claim, begun.get(claim.id))

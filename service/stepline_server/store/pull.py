@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from stepline_server.store.claims import Lease, claim_gated
 from stepline_server.store.db import Conn, Q, Record
-from stepline_server.store.dispatch import Lease, claim_gated
 
 
 async def claim(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from stepline_server.engine import runs as rules
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -144,3 +145,43 @@ async def invocations(
 async def counters(conn: Conn, run_id: uuid.UUID) -> Record:
     """How often a run was invoked, its failed deliveries and its completed steps."""
     return await conn.fetchrow(Q["run_counters"], run_id)
+
+
+async def restart(
+    conn: Conn,
+    run_id: uuid.UUID,
+    position: int | None,
+    from_step: str | None,
+    trigger: str | None = None,
+    by: str | None = None,
+) -> Record:
+    """Run an ended run again, from its first failed or unfinished step (or the step at
+    ``position``, when earlier); with ``trigger``, the run says it came from there now (its
+    ``run.retried`` event keeps the trigger it had), and a ``run.started`` event follows it;
+    ``by`` names who asked (``data.by`` of both, e.g. a bulk operation). In a transaction, with
+    the run locked. Raises :class:`~stepline_server.engine.runs.RuleError` while another run not
+    ended holds its singleton key (a unique index backs this: two retries at once cannot both
+    pass)."""
+    holder = await conn.fetchval(Q["singleton_holder"], run_id)
+    if holder is not None:
+        raise rules.RuleError(rules.singleton_taken(holder))
+    before = await conn.fetchval(Q["run_trigger"], run_id) if trigger is not None else None
+    await conn.execute(Q["delete_steps_for_retry"], run_id, position)
+    row = await conn.fetchrow(Q["restart_run"], run_id, trigger)
+    data: dict[str, Any] = {"fromStep": from_step} if from_step else {}
+    if trigger is not None and before != trigger:
+        data["previousTrigger"] = before
+    started: dict[str, Any] = {"trigger": row["trigger"]}
+    if by is not None:
+        data["by"] = started["by"] = by
+    # The retry is said (run.retried: from where, who asked), then the run starts again.
+    events = [{"type": "run.retried", "data": data}, {"type": "run.started", "data": started}]
+    await append_events(conn, run_id, events)
+    await conn.execute(Q["notify_wake"])
+    return row
+
+
+async def wake(conn: Conn, run_id: uuid.UUID) -> None:
+    """Make a run due now (or right after its active invocation) and wake the dispatchers."""
+    await conn.execute(Q["wake"], run_id)
+    await conn.execute(Q["notify_wake"])

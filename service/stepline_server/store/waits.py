@@ -10,7 +10,7 @@ from asyncpg import UniqueViolationError
 
 from stepline_server.engine import ids
 from stepline_server.engine import runs as rules
-from stepline_server.store import dispatch, leases, runs
+from stepline_server.store import children, leases, outcomes, progress, runs
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -102,14 +102,14 @@ async def send_event(
     declared ``on_event`` of it (its id derived from the event, so it starts once); answer the
     event's id (the sender's, else the stored event's) and what was done. A second send of one
     ``key`` does nothing again and answers the first send's outcome. Serialised with waits for
-    the same event being recorded (:func:`~stepline_server.store.dispatch.lock_event_name`),
+    the same event being recorded (:func:`~stepline_server.store.progress.lock_event_name`),
     so an event and a wait committed at once never miss each other. ``event_id``: the id
     :func:`event_row_id` gave, when a try of this send whose commit was lost came first (the
     same id finds what it kept)."""
     event_id = event_id or event_row_id(project_id, key)
     public_id = key if key is not None else str(event_id)
     async with conn.transaction():
-        await dispatch.lock_event_name(conn, project_id, name)
+        await progress.lock_event_name(conn, project_id, name)
         if await conn.fetchval(Q["insert_event"], event_id, project_id, name, data, key) is None:
             answer = await conn.fetchval(Q["event_answer"], event_id) or {}
             return public_id, Sent(
@@ -147,9 +147,9 @@ async def cancel(
         if rules.check_cancel(run["status"]):
             if rules.cancels_at_once(run["started_at"], run["lease_token"]):
                 status = rules.RunStatus.CANCELLED
-                await dispatch.end_run(conn, run_id, None, status, None, None, by)
+                await outcomes.end_run(conn, run_id, None, status, None, None, by)
             else:
-                await dispatch.cancel_tree(conn, run_id, by)
+                await children.cancel_tree(conn, run_id, by)
         return await runs.get(conn, project_id, run_id)
 
 
@@ -196,7 +196,7 @@ async def _retry(
                 raise rules.RuleError(
                     f"the run has no recorded step named {from_step!r}", "validation_failed"
                 )
-        return await dispatch.restart(conn, run_id, position, from_step, trigger=trigger, by=by)
+        return await runs.restart(conn, run_id, position, from_step, trigger=trigger, by=by)
 
 
 async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
