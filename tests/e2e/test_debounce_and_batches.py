@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -15,10 +16,13 @@ import stepline
 from stepline_server.engine import gathering
 from stepline_server.store import gatherings, runs
 from stepline_server.store.keys import DEFAULT_PROJECT
+from tests.dashboard_forms import Dashboard
 from tests.support import Stack, app_server, hosted, orchestrator_stack, until
 
 
-def _debounced(period: str = "1s", max_wait: str | None = None, key: str | None = "userId"):
+def _debounced(
+    period: str = "1s", max_wait: str | None = None, key: str | None = "userId"
+) -> tuple[stepline.Stepline, list[Any]]:
     """An app with workflow ``digest`` debounced so; ``seen`` gets each input it runs with."""
     sl = stepline.Stepline("debounce-secret")
     seen: list[Any] = []
@@ -31,7 +35,9 @@ def _debounced(period: str = "1s", max_wait: str | None = None, key: str | None 
     return sl, seen
 
 
-def _batched(size: int, wait: str, key: str | None = None):
+def _batched(
+    size: int, wait: str, key: str | None = None
+) -> tuple[stepline.Stepline, list[list[Any]]]:
     sl = stepline.Stepline("batch-secret")
     seen: list[list[Any]] = []
 
@@ -105,7 +111,7 @@ async def test_debounced_starts_become_one_run_with_the_last_input(database_url:
 async def test_max_wait_caps_a_debounce_that_keeps_being_joined(database_url: str) -> None:
     """Starts every 0.3 s keep a 1 s debounce open, but max_wait (1.5 s) fires it anyway; the
     starts after that open a new run."""
-    sl, seen = _debounced(period="1s", max_wait="1.5s", key=None)
+    sl, _ = _debounced(period="1s", max_wait="1.5s", key=None)
     async with orchestrator_stack(database_url) as stack, hosted(stack, sl, "push"):
         first = await stack.client.start_run("digest", {"n": 0})
         began = time.monotonic()
@@ -167,7 +173,7 @@ async def test_two_connections_race_for_one_gathering(database_url: str) -> None
         try:
 
             def new(n: int) -> runs.NewRun:
-                return runs.NewRun(runs_id(n), DEFAULT_PROJECT, "digest", {"n": n})
+                return runs.NewRun(uuid.uuid4(), DEFAULT_PROJECT, "digest", {"n": n})
 
             tx1 = c1.transaction()
             await tx1.start()
@@ -198,12 +204,6 @@ async def test_two_connections_race_for_one_gathering(database_url: str) -> None
             await c2.close()
 
 
-def runs_id(n: int) -> Any:
-    import uuid
-
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"race-{n}-{time.time_ns()}")
-
-
 async def _waiting_on_lock(stack: Stack) -> bool:
     conn = await stack.conn()
     try:
@@ -222,7 +222,7 @@ async def test_a_restarted_orchestrator_fires_pending_debounces_and_batches(
 ) -> None:
     """A debounce and a batch left pending when the orchestrator stopped are fired by the next
     one on the same database: nothing of them was kept in memory."""
-    sl, seen = _debounced(period="1.5s")
+    sl, _ = _debounced(period="1.5s")
 
     @sl.workflow("mailer", on_event="email.queued", batch=stepline.Batch(10, "1.5s"))
     async def mailer(ctx: stepline.Context, input: list[Any]) -> int:
@@ -261,6 +261,13 @@ async def test_batches_fill_by_size_or_fire_after_their_wait(database_url: str) 
         assert full["input"] == [{"n": 0}, {"n": 1}, {"n": 2}] and full["output"] == 3
         late = await stack.client.get_run(order[6])
         assert late["heldBy"] == "batch" and late["gathering"]["starts"] == 1
+        async with Dashboard(stack.url) as person:
+            await person.sign_in(stack.api_key)
+            page = await person.get(f"/ui/runs/{order[6]}")
+            assert page.status_code == 200 and "gathering-banner" in page.text
+            assert "1 so far" in page.text
+            listing = await person.get("/ui/workflows")
+            assert "events gathered into runs of at most 3" in listing.text
         late = await stack.client.wait_run(order[6], timeout=20)
         assert late["input"] == [{"n": 6}] and late["status"] == "completed"
         assert _at(late["startedAt"]) - _at(late["createdAt"]) >= 0.9

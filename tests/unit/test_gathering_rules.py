@@ -13,7 +13,9 @@ from stepline_server.engine import gathering, holds
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
-def _debounce(period: int = 5000, max_wait: int | None = 60000, key: str | None = "userId"):
+def _debounce(
+    period: int = 5000, max_wait: int | None = 60000, key: str | None = "userId"
+) -> gathering.Spec:
     spec = gathering.spec_of({"debounce": {"periodMs": period, "maxWaitMs": max_wait, "key": key}})
     assert spec is not None
     return spec
