@@ -14,6 +14,7 @@ import pytest
 
 import stepline
 from stepline_server.engine import gathering
+from stepline_server.loops import repair
 from stepline_server.store import gatherings, runs
 from stepline_server.store.keys import DEFAULT_PROJECT
 from tests.dashboard_forms import Dashboard
@@ -57,13 +58,16 @@ def _at(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-async def test_debounced_starts_become_one_run_with_the_last_input(database_url: str) -> None:
+@pytest.mark.parametrize("kind", ["push", "pull"])
+async def test_debounced_starts_become_one_run_with_the_last_input(
+    database_url: str, kind: str
+) -> None:
     """Three starts of one key within the period answer one run (201, then 200 debounced),
     held by the debounce until it fires once with the last input, a period after the last
     start; its history says how many starts it absorbed. Another key is another run; a
     runKey is refused with 422 and changes nothing."""
     sl, seen = _debounced(period="1s")
-    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, "push"):
+    async with orchestrator_stack(database_url) as stack, hosted(stack, sl, kind):
         headers = {"authorization": f"Bearer {stack.api_key}"}
         async with httpx.AsyncClient(base_url=stack.url, headers=headers) as http:
             answers = []
@@ -88,6 +92,8 @@ async def test_debounced_starts_become_one_run_with_the_last_input(database_url:
         assert other.status_code == 201 and other.json()["id"] != run_id
         assert keyed.status_code == 422 and keyed.json()["error"]["code"] == "validation_failed"
         assert "runKey" in keyed.json()["error"]["details"]["fields"]
+        # A gathering run has no due time, yet a way forward: the way-forward check leaves it.
+        assert await repair.check_once(stack.orchestrator.pool, stack.orchestrator.metrics) == []
         pending = await stack.client.get_run(run_id)
         assert pending["status"] == "running" and pending["startedAt"] is None
         assert pending["input"] == {"userId": "u1", "n": 2}
