@@ -5,7 +5,7 @@ from __future__ import annotations
 from stepline import protocol
 from stepline._client import ApiError, AsyncClient, Client
 from stepline._context import Callback, Context
-from stepline._definitions import Concurrency, RateLimit, Retries
+from stepline._definitions import Batch, Concurrency, Debounce, RateLimit, Retries
 from stepline._durations import parse_duration
 from stepline._errors import (
     CallbackTimeout,
@@ -25,6 +25,7 @@ from stepline._workflow import Stepline
 __all__ = [
     "ApiError",
     "AsyncClient",
+    "Batch",
     "Callback",
     "CallbackTimeout",
     "Cancelled",
@@ -32,6 +33,7 @@ __all__ = [
     "Client",
     "Concurrency",
     "Context",
+    "Debounce",
     "NondeterminismError",
     "RateLimit",
     "Retries",

@@ -1,7 +1,8 @@
 """A workflow's definition: its function and options (:class:`WorkflowDef`), and the option
 types a user passes to ``@sl.workflow`` (:class:`Retries`, :class:`Concurrency`,
-:class:`RateLimit`). Plain data: the registry (:mod:`stepline._workflow`) makes them and the
-runtime (:mod:`stepline._engine`) reads them; this module imports neither."""
+:class:`RateLimit`, :class:`Debounce`, :class:`Batch`). Plain data: the registry
+(:mod:`stepline._workflow`) makes them and the runtime (:mod:`stepline._engine`) reads them;
+this module imports neither."""
 
 from __future__ import annotations
 
@@ -92,6 +93,73 @@ class RateLimit:
         return protocol.RateLimitSpec(limit=self.limit, periodMs=to_ms(self.period), key=self.key)
 
 
+def _key_field(owner: str, key: str | None) -> None:
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ValueError(f"{owner}.key must be the name of a top-level field, or None")
+
+
+def _positive_ms(owner: str, value: Duration) -> int:
+    try:
+        ms = to_ms(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{owner}: {exc}") from None
+    if ms < 1:
+        raise ValueError(f"{owner} must be a duration of at least 1 ms, not {value!r}")
+    return ms
+
+
+@dataclass(frozen=True)
+class Debounce:
+    """Starts of a workflow (``POST /v1/runs`` or its ``on_event``) with the same value of the
+    input field ``key`` (every start, when ``key`` is None) within ``period`` of each other
+    become one run, started with the last start's input ``period`` after the last start, and
+    at most ``max_wait`` after the first (no cap when None). Every start answers that run."""
+
+    period: Duration
+    key: str | None = None
+    max_wait: Duration | None = None
+
+    def __post_init__(self) -> None:
+        period = _positive_ms("Debounce.period", self.period)
+        _key_field("Debounce", self.key)
+        if self.max_wait is not None:
+            max_wait = _positive_ms("Debounce.max_wait", self.max_wait)
+            if max_wait < period:
+                raise ValueError(
+                    f"Debounce.max_wait ({self.max_wait!r}) must be at least the period"
+                    f" ({self.period!r})"
+                )
+
+    def spec(self) -> protocol.DebounceSpec:
+        """As the wire protocol describes it."""
+        max_wait = None if self.max_wait is None else to_ms(self.max_wait)
+        return protocol.DebounceSpec(periodMs=to_ms(self.period), key=self.key, maxWaitMs=max_wait)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The events that start a workflow (its ``on_event``) are gathered into one run whose
+    input is the list of their data (in the order received): at most ``size`` of them, started
+    when ``size`` are there or ``wait`` after the first; with ``key`` (a field of the events'
+    data), a batch per value of it."""
+
+    size: int
+    wait: Duration = "5s"
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int):
+            raise TypeError("Batch.size must be an int")
+        if self.size < 1:
+            raise ValueError("Batch.size must be at least 1")
+        _positive_ms("Batch.wait", self.wait)
+        _key_field("Batch", self.key)
+
+    def spec(self) -> protocol.BatchSpec:
+        """As the wire protocol describes it."""
+        return protocol.BatchSpec(size=self.size, waitMs=to_ms(self.wait), key=self.key)
+
+
 @dataclass(frozen=True)
 class WorkflowDef:
     """A registered workflow: its function and options."""
@@ -108,6 +176,8 @@ class WorkflowDef:
     concurrency_key: str | None = None
     singleton_key: str | None = None
     rate_limit: RateLimit | None = None
+    debounce: Debounce | None = None
+    batch: Batch | None = None
 
     def info(self) -> protocol.WorkflowInfo:
         """As ``describe`` reports it."""
@@ -124,4 +194,6 @@ class WorkflowDef:
             concurrencyKey=self.concurrency_key,
             singletonKey=self.singleton_key,
             rateLimit=self.rate_limit.spec() if self.rate_limit else None,
+            debounce=self.debounce.spec() if self.debounce else None,
+            batch=self.batch.spec() if self.batch else None,
         )

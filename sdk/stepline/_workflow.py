@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from stepline import protocol
-from stepline._definitions import WORKFLOW_NAME, Concurrency, RateLimit, Retries, WorkflowDef
+from stepline._definitions import (
+    WORKFLOW_NAME,
+    Batch,
+    Concurrency,
+    Debounce,
+    RateLimit,
+    Retries,
+    WorkflowDef,
+)
 from stepline._deployment import code_deployment_id, detect_deployment_id
 from stepline._durations import Duration, to_ms
 from stepline._handler import Handler
@@ -31,7 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WORKFLOW_NAME",
+    "Batch",
     "Concurrency",
+    "Debounce",
     "RateLimit",
     "Retries",
     "Stepline",
@@ -62,6 +72,26 @@ def _secrets(value: str | Sequence[str] | None) -> tuple[str, ...]:
         value = os.environ.get("STEPLINE_SIGNING_SECRET", "")
     parts = value.split(",") if isinstance(value, str) else list(value)
     return tuple(p.strip() for p in parts if p and p.strip())
+
+
+def _check_gathering(
+    on_event: str | None,
+    singleton_key: str | None,
+    debounce: Debounce | None,
+    batch: Batch | None,
+) -> None:
+    """Refuse a debounce or batch option that cannot work (the orchestrator checks the same
+    at sync)."""
+    if debounce is not None and not isinstance(debounce, Debounce):
+        raise TypeError("debounce must be a stepline.Debounce")
+    if batch is not None and not isinstance(batch, Batch):
+        raise TypeError("batch must be a stepline.Batch")
+    if debounce is not None and batch is not None:
+        raise ValueError("a workflow takes debounce or batch, not both")
+    if batch is not None and on_event is None:
+        raise ValueError("batch gathers the events that start the workflow: give on_event too")
+    if singleton_key is not None and (debounce is not None or batch is not None):
+        raise ValueError("singleton_key cannot be combined with debounce or batch")
 
 
 class Stepline:
@@ -123,6 +153,8 @@ class Stepline:
         on_event: str | None = None,
         singleton_key: str | None = None,
         rate_limit: RateLimit | None = None,
+        debounce: Debounce | None = None,
+        batch: Batch | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, input)`` as the workflow ``name``.
 
@@ -139,6 +171,10 @@ class Stepline:
         field, when given); the others wait their turn. An ``input`` parameter annotated with
         a pydantic model receives that model (and inputs are checked against its schema before
         a run is made); a return annotation with a model is dumped to JSON.
+        ``debounce``: ``Debounce(period="5s", key="userId", max_wait="1m")`` makes the starts
+        of one key value close together one run, started with the last input. ``batch``
+        (with ``on_event``): ``Batch(size=100, wait="5s")`` gathers the events into runs whose
+        input is the list of their data. See ``docs/debounce-and-batches.md``.
         """
         if not isinstance(name, str) or not WORKFLOW_NAME.match(name):
             raise ValueError(f"workflow name {name!r} must match {WORKFLOW_NAME.pattern}")
@@ -153,6 +189,7 @@ class Stepline:
             raise TypeError("rate_limit must be a stepline.RateLimit")
         if rate_limit is not None and limit is not None:
             raise ValueError("a workflow takes concurrency or rate_limit, not both")
+        _check_gathering(on_event, singleton_key, debounce, batch)
         timeout_ms = None if timeout is None else to_ms(timeout)
         window_ms = None if delivery_window is None else to_ms(delivery_window)
         spec = _schedule(schedule)
@@ -177,6 +214,8 @@ class Stepline:
                 concurrency_key=concurrency_key,
                 singleton_key=singleton_key,
                 rate_limit=rate_limit,
+                debounce=debounce,
+                batch=batch,
             )
             return fn
 

@@ -228,6 +228,28 @@ class RateLimitSpec(_Model):
     key: str | None = Field(default=None, min_length=1)
 
 
+class DebounceSpec(_Model):
+    """A workflow's debounce: starts with the same value of the input field ``key`` (all its
+    starts, without one) within ``periodMs`` of each other become one run, started with the
+    last input ``periodMs`` after the last start, at most ``maxWaitMs`` after the first. The
+    orchestrator checks the values at sync (a 422 naming the field)."""
+
+    period_ms: int = Field(alias="periodMs")
+    key: str | None = None
+    max_wait_ms: int | None = Field(default=None, alias="maxWaitMs")
+
+
+class BatchSpec(_Model):
+    """A workflow's batches: the events that start it are gathered into one run whose input is
+    the list of their data, at most ``size`` of them, started when ``size`` are there or
+    ``waitMs`` after the first; per value of the event data's field ``key`` when given. The
+    orchestrator checks the values at sync (a 422 naming the field)."""
+
+    size: int
+    wait_ms: int = Field(alias="waitMs")
+    key: str | None = None
+
+
 class WorkflowInfo(_Model):
     """A workflow as the app describes it."""
 
@@ -249,6 +271,10 @@ class WorkflowInfo(_Model):
     singleton_key: str | None = Field(default=None, alias="singletonKey", min_length=1)
     # At most so many runs start in any window of the period (per key value).
     rate_limit: RateLimitSpec | None = Field(default=None, alias="rateLimit")
+    # Starts close together become one run (an orchestrator that does not know it ignores it).
+    debounce: DebounceSpec | None = None
+    # The events that start it are gathered into runs of many (likewise ignored where unknown).
+    batch: BatchSpec | None = None
 
 
 class DescribeResponse(_Model):

@@ -52,6 +52,10 @@ async def send_event(
     if not sent.repeated:
         for workflow in sent.started_workflows:
             o.metrics.run_started(workflow, "event")
+        for workflow in sent.absorbed:
+            o.metrics.debounce_absorbed(workflow)
+        for fired in sent.fired:
+            o.metrics.gathering_fired(fired.workflow, fired.kind, fired.starts)
     if sent.matched or sent.started:
         o.dispatcher.wake()
     return public_id, sent

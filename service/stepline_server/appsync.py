@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stepline.protocol import OLDEST_PROTOCOL_VERSION, DescribeResponse
+from stepline_server.engine import gathering
 from stepline_server.store import apps
 from stepline_server.store.db import Record
 
@@ -19,6 +20,15 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 class SyncFailed(Exception):
     """The app could not be asked, or its answer cannot be registered; the message says why."""
+
+
+class InvalidOptions(SyncFailed):
+    """The app described a workflow whose options cannot work (a debounce or a batch out of
+    range, say); ``fields`` names each bad one (``workflows.<name>.<option>``)."""
+
+    def __init__(self, message: str, fields: dict[str, str]) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,13 @@ async def register(
                 " a workflow takes one of them"
             )
         options = wf.model_dump(mode="json", by_alias=True, exclude={"name"}, exclude_none=True)
+        problems = gathering.option_problems(options)
+        if problems:
+            field, why = next(iter(problems.items()))
+            raise InvalidOptions(
+                f"workflow {wf.name!r} declares an invalid {field}: {why}",
+                {f"workflows.{wf.name}.{f}": w for f, w in problems.items()},
+            )
         workflows.append((wf.name, options))
     async with o.pool.acquire() as conn, conn.transaction():
         recorded = await apps.record_sync(

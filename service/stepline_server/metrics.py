@@ -38,6 +38,8 @@ _DURATIONS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5
 # Timers fire a few ms late when healthy; seconds late means the dispatcher is behind.
 _LATENESS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
+# A batch run gathers from one event to thousands.
+_GATHERED = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000)
 # Runs take from milliseconds to days (sleeps, approvals): up to a week.
 _RUN_DURATIONS = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800,
@@ -127,6 +129,27 @@ class Metrics:
             "Runs found with no way forward (no live lease, no due time, no open wait) and "
             "invoked again by the way-forward check.",
             ["workflow"],
+            registry=r,
+        )
+        self._absorbed = Counter(
+            "stepline_debounce_absorbed",
+            "Starts a debounce folded into a run already gathering (the run's own first start "
+            "is not counted).",
+            ["workflow"],
+            registry=r,
+        )
+        self._gatherings_fired = Counter(
+            "stepline_gatherings_fired",
+            "Debounced and batch runs made due when their gathering fired (kind: debounce or "
+            "batch).",
+            ["workflow", "kind"],
+            registry=r,
+        )
+        self._gathered = Histogram(
+            "stepline_gathered_starts",
+            "How many starts (debounce) or events (batch) a run gathered when it fired.",
+            ["workflow", "kind"],
+            buckets=_GATHERED,
             registry=r,
         )
         self._progress_calls = Counter(
@@ -227,6 +250,17 @@ class Metrics:
     def lease_taken_over(self, n: int = 1) -> None:
         if n:
             self._takeovers.inc(n)
+
+    def debounce_absorbed(self, workflow: str, n: int = 1) -> None:
+        """``n`` starts of ``workflow`` joined a debounced run already gathering."""
+        if n:
+            self._absorbed.labels(self._workflow(workflow)).inc(n)
+
+    def gathering_fired(self, workflow: str, kind: str, starts: int) -> None:
+        """A debounced or batch run of ``workflow`` was made due, having gathered ``starts``."""
+        label = self._workflow(workflow)
+        self._gatherings_fired.labels(label, kind).inc()
+        self._gathered.labels(label, kind).observe(starts)
 
     def run_repaired(self, workflow: str) -> None:
         self._repaired.labels(workflow).inc()

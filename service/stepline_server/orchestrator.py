@@ -18,7 +18,7 @@ from stepline_server.engine.egress import Egress
 from stepline_server.invoke.alerts import AlertSender
 from stepline_server.invoke.client import AppCaller
 from stepline_server.invoke.urls import CallbackSigner
-from stepline_server.loops import listener, repair, sweeper
+from stepline_server.loops import gatherer, listener, repair, sweeper
 from stepline_server.loops.alerts import AlertDelivery
 from stepline_server.loops.batcher import ProgressBatcher
 from stepline_server.loops.dispatcher import Dispatcher
@@ -133,6 +133,15 @@ class Orchestrator:
             )
             self.supervisor.add("repair", lambda: repair.check_forever(self.pool, self.metrics))
             self.supervisor.add("operations", self.operations.run)
+            self.supervisor.add(
+                "gatherer",
+                lambda: gatherer.fire_forever(
+                    self.pool,
+                    self.metrics,
+                    self.dispatcher.wake,
+                    min(self.settings.poll_seconds, gatherer.GATHER_SECONDS),
+                ),
+            )
             self.supervisor.add(
                 "listener",
                 lambda: listener.listen(

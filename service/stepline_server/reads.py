@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stepline_server import serialize
-from stepline_server.engine import history, holds
-from stepline_server.store import apps, pause, runs, schedules
+from stepline_server.engine import gathering, history, holds
+from stepline_server.store import apps, gatherings, pause, runs, schedules
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def held_by(row: Record, paused: bool) -> str | None:
         rate_limited="rateLimit" in (row.get("options") or {}),
         started=row.get("started_at") is not None,
         ready_at=row.get("ready_at"),
+        gathers=spec.kind if (spec := gathering.spec_of(row.get("options"))) else None,
     )
     found = holds.held_by(state, datetime.now(UTC))
     return found.value if found is not None else None
@@ -76,7 +77,26 @@ async def run_json(
         counted = await runs.counters(conn, row["id"])
         paused = await pause.run_paused(conn, row["id"])
         _add_counts(data, row, counted, paused, steps or [], limits)
+        if data["heldBy"] in GATHERING_HOLDS:
+            data["gathering"] = await _gathering(conn, row["id"])
     return data
+
+
+GATHERING_HOLDS = {holds.HeldBy.DEBOUNCE.value, holds.HeldBy.BATCH.value}
+
+
+async def _gathering(conn: Conn, run_id: Any) -> dict[str, Any] | None:
+    """What a run gathering starts shows of it: ``{kind, starts, firesAt}`` (None: it has just
+    fired)."""
+    row = await gatherings.of_run(conn, run_id)
+    if row is None:
+        return None
+    return {
+        "kind": row["kind"],
+        "starts": row["starts"],
+        "firstAt": serialize.ts(row["first_at"]),
+        "firesAt": serialize.ts(row["fire_at"]),
+    }
 
 
 _NOTHING_YET = {"invocations": 0, "delivery_failures": 0, "steps_completed": 0}

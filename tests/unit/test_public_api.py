@@ -7,8 +7,9 @@ import inspect
 import stepline
 
 EXPECTED = {
-    "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "RateLimit",
+    "ApiError", "AsyncClient", "Batch", "Callback", "CallbackTimeout", "Cancelled",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "Debounce", "NondeterminismError",
+    "RateLimit",
     "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "Worker",
     "__version__", "parse_duration", "protocol", "verify_webhook",

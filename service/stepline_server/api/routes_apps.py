@@ -186,6 +186,8 @@ async def _sync_pushed(request: Request, row: Record, take_over: bool) -> appsyn
         raise AppUnreachable(f"the app's URL cannot be called ({exc}); change it first") from None
     try:
         return await appsync.sync(orch(request), row, take_over=take_over)
+    except appsync.InvalidOptions as exc:
+        raise ValidationFailed(str(exc), {"fields": exc.fields}) from None
     except appsync.SyncFailed as exc:
         raise AppUnreachable(str(exc)) from None
     except ValidationError as exc:
@@ -205,6 +207,8 @@ async def _sync_pulled(request: Request, row: Record, take_over: bool) -> appsyn
     try:
         described = DescribeResponse.model_validate(data)
         return await appsync.register(orch(request), row, described, take_over=take_over)
+    except appsync.InvalidOptions as exc:
+        raise ValidationFailed(str(exc), {"fields": exc.fields}) from None
     except appsync.SyncFailed as exc:
         raise ValidationFailed(str(exc), {"fields": {"workflows": str(exc)}}) from None
     except ValidationError as exc:

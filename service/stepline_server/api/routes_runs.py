@@ -26,9 +26,9 @@ from stepline_server.api.errors import (
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model, refuse_body
-from stepline_server.engine import bulk, ids, inputs
+from stepline_server.engine import bulk, gathering, ids, inputs
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, leases, runs, waits
+from stepline_server.store import apps, gatherings, leases, runs, waits
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -89,6 +89,9 @@ async def _start(
                     + ", ".join(problems),
                     {"fields": problems},
                 )
+            spec = gathering.spec_of(wf["options"])
+            if spec is not None and spec.kind == gathering.DEBOUNCE:
+                return await _debounce(o, conn, spec, body, new)
             row = await _create(conn, wf, body, new, notify=notify)
             if row["id"] != new.id:  # the run its key or singleton key names, read as GET does
                 found = await runs.get(conn, pid, row["id"])
@@ -105,6 +108,34 @@ async def _start(
     return json_response(
         reads.new_run_json(row, paused=paused, limits=reads.history_limits(o)), 201
     )
+
+
+async def _debounce(
+    o: Orchestrator,
+    conn: Conn,
+    spec: gathering.Spec,
+    body: RunStart,
+    new: runs.NewRun,
+) -> Response:
+    """A start of a debounced workflow: the run it opens (``201``) or the run already gathering
+    its key's starts, given this start's input (``200``, ``debounced: true``)."""
+    problems = gathering.start_problems(spec, body.run_key)
+    if problems:
+        raise ValidationFailed(next(iter(problems.values())), {"fields": problems})
+    got = await gatherings.gather(conn, spec, new)
+    if got is None:
+        raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
+    found = await runs.get(conn, new.project_id, got.run_id)
+    if found is None:
+        raise ApiError("the run could not be created; try again")
+    answer = await reads.run_json(
+        conn, found, callback_url=reads.callback_url(o), limits=reads.history_limits(o)
+    )
+    if got.created is not None:
+        o.metrics.run_started(body.workflow, "api")
+        return json_response(answer, 201)
+    o.metrics.debounce_absorbed(body.workflow)
+    return json_response(answer | {"debounced": True}, 200)
 
 
 async def _create(

@@ -12,6 +12,8 @@ class HeldBy(StrEnum):
     APP_UNREACHABLE = "appUnreachable"  # its app could not be invoked: tried again with backoff
     CONCURRENCY = "concurrency"  # its workflow's concurrency cap is full: goes when a run ends
     RATE_LIMIT = "rateLimit"  # its workflow's rate limit defers its start
+    DEBOUNCE = "debounce"  # it gathers its workflow's starts until its debounce fires
+    BATCH = "batch"  # it gathers events until its batch is full or its wait is over
 
 
 @dataclass(frozen=True)
@@ -26,13 +28,17 @@ class RunState:
     rate_limited: bool  # its workflow has a rate limit
     started: bool  # it was invoked at least once
     ready_at: datetime | None
+    gathers: str | None = None  # its workflow debounces or batches ("debounce", "batch")
 
 
 def held_by(run: RunState, now: datetime) -> HeldBy | None:
-    """What holds the run, the first that applies in the order of :class:`HeldBy`; None when
+    """What holds the run, the first that applies (a gathering first, then in the order of
+    :class:`HeldBy`); None when
     it has ended, is being invoked, is due, or waits on a step of its own."""
     if run.ended or run.leased:
         return None
+    if run.gathers is not None and not run.started and run.ready_at is None:
+        return HeldBy(run.gathers)  # a gathering run has no due time until it fires
     if run.paused:
         return HeldBy.PAUSE
     if run.undelivered:

@@ -28,6 +28,7 @@ class NewRun:
     event_id: uuid.UUID | None = None
     event_key: str | None = None  # the id the event's sender gave
     priority: int = 0
+    gathering: bool = False  # it gathers a debounce's or batch's starts: not due until it fires
 
 
 async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | None:
@@ -53,6 +54,7 @@ async def insert(conn: Conn, run: NewRun, *, notify: bool = True) -> Record | No
         run.event_id,
         run.priority,
         run.event_key,
+        run.gathering,
     )
 
 

@@ -9,6 +9,8 @@
 -- and rate limit key fields are read as the workflow's options name them). A run of a pull app
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
+-- $16: the run gathers a debounce's or a batch's starts: it has no due time (and wakes no
+-- dispatcher) until the gathering fires (fire_gathering).
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.name, a.kind = 'pull' AS pull
     FROM workflows w JOIN apps a ON a.id = w.app_id
@@ -22,7 +24,7 @@ r AS (
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-           now(), 2, $13::uuid,
+           CASE WHEN $16::boolean THEN NULL ELSE now() END, 2, $13::uuid,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
@@ -40,7 +42,8 @@ e AS (
     SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
 )
 SELECT r.*, w.slug AS app_slug, w.name AS app_name,
-       CASE WHEN $12::boolean OR w.pull THEN pg_notify('stepline_wake', '') END
+       CASE WHEN ($12::boolean OR w.pull) AND NOT $16::boolean
+            THEN pg_notify('stepline_wake', '') END
 FROM r, w;
 
 -- name: get_run_by_key

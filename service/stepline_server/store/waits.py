@@ -8,9 +8,9 @@ from typing import Any
 
 from asyncpg import UniqueViolationError
 
-from stepline_server.engine import ids
+from stepline_server.engine import gathering, ids
 from stepline_server.engine import runs as rules
-from stepline_server.store import children, leases, outcomes, progress, runs
+from stepline_server.store import children, gatherings, leases, outcomes, progress, runs
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -84,7 +84,9 @@ class Sent:
     matched: list[uuid.UUID]
     started: list[uuid.UUID]
     repeated: bool = False
-    started_workflows: list[str] = field(default_factory=list)  # of ``started``, in order
+    started_workflows: list[str] = field(default_factory=list)  # runs created, by workflow
+    absorbed: list[str] = field(default_factory=list)  # debounced runs it joined, by workflow
+    fired: list[gatherings.Fired] = field(default_factory=list)  # batches it filled
 
 
 async def send_event(
@@ -121,17 +123,33 @@ async def send_event(
         matched = [row["id"] for row in rows]
         started: list[uuid.UUID] = []
         workflows: list[str] = []
+        absorbed: list[str] = []
+        fired: list[gatherings.Fired] = []
         for wf in await conn.fetch(Q["event_workflows"], project_id, name):
             new = runs.NewRun(
                 event_run_id(event_id, wf["name"]), project_id, wf["name"], data,
                 trigger="event", event_id=event_id, event_key=key,
             )  # fmt: skip
-            if await runs.insert(conn, new, notify=notify) is not None:
-                started.append(new.id)
+            spec = gathering.spec_of(wf["options"])
+            if spec is None:
+                if await runs.insert(conn, new, notify=notify) is not None:
+                    started.append(new.id)
+                    workflows.append(wf["name"])
+                continue
+            got = await gatherings.gather(conn, spec, new, event_id=public_id)
+            if got is None:
+                continue
+            started.append(got.run_id)  # the run it joined or opened
+            if got.created is not None:
                 workflows.append(wf["name"])
+            elif spec.kind == gathering.DEBOUNCE:
+                absorbed.append(wf["name"])
+            if got.fired:
+                fired.append(gatherings.Fired(got.run_id, wf["name"], spec.kind, got.starts))
         answer = {"matched": [str(r) for r in matched], "started": [str(r) for r in started]}
         await conn.execute(Q["set_event_answer"], event_id, answer)
-    return public_id, Sent(matched, started, started_workflows=workflows)
+    sent = Sent(matched, started, started_workflows=workflows, absorbed=absorbed, fired=fired)
+    return public_id, sent
 
 
 async def cancel(

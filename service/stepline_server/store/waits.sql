@@ -149,5 +149,6 @@ history AS (
 SELECT id, CASE WHEN pull THEN pg_notify('stepline_wake', '') END FROM r;
 
 -- name: event_workflows
--- The workflows of project $1 that every event named $2 starts a run of.
-SELECT name FROM workflows WHERE project_id = $1 AND options ->> 'onEvent' = $2 ORDER BY name;
+-- The workflows of project $1 that every event named $2 starts a run of, with their options
+-- (a debounce or a batch gathers the event into a run).
+SELECT name, options FROM workflows WHERE project_id = $1 AND options ->> 'onEvent' = $2 ORDER BY name;

@@ -36,6 +36,22 @@ def _rate(r: dict[str, Any]) -> str:
     return f"{r.get('limit')} run(s) start per {_ms(r.get('periodMs'))}{per}"
 
 
+def _debounce(d: dict[str, Any]) -> str:
+    per = f" per {d['key']}" if d.get("key") else ""
+    text = f"starts within {_ms(d.get('periodMs'))} of each other make one run{per}"
+    if d.get("maxWaitMs") is not None:
+        text += f", started at most {_ms(d['maxWaitMs'])} after the first"
+    return text
+
+
+def _batch(b: dict[str, Any]) -> str:
+    per = f" per {b['key']}" if b.get("key") else ""
+    return (
+        f"events gathered into runs of at most {b.get('size')}{per},"
+        f" started {_ms(b.get('waitMs'))} after the first at the latest"
+    )
+
+
 def _schedule(s: dict[str, Any]) -> str:
     text = f"{s.get('cron')} ({s.get('timezone', 'UTC')})"
     if s.get("slaMs"):
@@ -60,6 +76,10 @@ def readable(options: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("singleton", f"one run at a time per {o['singletonKey']}"))
     if o.get("onEvent"):
         out.append(("started by event", str(o["onEvent"])))
+    if isinstance(o.get("debounce"), dict):
+        out.append(("debounce", _debounce(o["debounce"])))
+    if isinstance(o.get("batch"), dict):
+        out.append(("batch", _batch(o["batch"])))
     if isinstance(o.get("schedule"), dict):
         out.append(("schedule", _schedule(o["schedule"])))
     if o.get("deliveryWindowMs") is not None:
@@ -74,6 +94,8 @@ def readable(options: dict[str, Any]) -> list[tuple[str, str]]:
         "rateLimit",
         "singletonKey",
         "onEvent",
+        "debounce",
+        "batch",
         "schedule",
         "deliveryWindowMs",
         "inputSchema",
