@@ -17,6 +17,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
+from stepline._payloads import Encryption, S3Store
 from stepline._version import __version__
 from stepline._webhooks import verify_webhook
 from stepline._worker import Worker
@@ -32,10 +33,12 @@ __all__ = [
     "Client",
     "Concurrency",
     "Context",
+    "Encryption",
     "NondeterminismError",
     "RateLimit",
     "Retries",
     "RetryableError",
+    "S3Store",
     "StepFailed",
     "Stepline",
     "SteplineError",

@@ -8,7 +8,8 @@ import stepline
 
 EXPECTED = {
     "ApiError", "AsyncClient", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "NondeterminismError", "RateLimit",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "Encryption", "NondeterminismError",
+    "RateLimit", "S3Store",
     "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "Worker",
     "__version__", "parse_duration", "protocol", "verify_webhook",
