@@ -22,6 +22,7 @@ import pytest
 from pydantic import BaseModel
 
 import stepline
+from tests.dashboard_forms import Dashboard
 from tests.e2e.payload_keys import CODEC, OLD_CODEC
 from tests.ports import free_port
 from tests.support import Stack, app_server, orchestrator_stack, until
@@ -208,6 +209,14 @@ async def test_an_encrypted_run_shows_the_orchestrator_envelopes_only(
             answers.append(await stack.client.get_run_replay(run_id))
         answers.append(await stack.client.list_events())
         assert MARKER not in json.dumps(answers)
+
+        # The dashboard tells an encrypted value and error text in words, not as a blob.
+        async with Dashboard(stack.url) as ui:
+            await ui.sign_in(stack.api_key)
+            pages = [(await ui.get(f"/ui/runs/{i}")).text for i in (run["id"], failed["id"])]
+            pages.append((await ui.get("/ui/events")).text)
+        assert all("encrypted (key k2)" in page for page in pages)
+        assert all(MARKER not in page and "$stepline" not in page for page in pages)
         await sl.aclose()
     dump = _pg_dump(database_url)
     assert "zebra" not in dump and MARKER not in dump
@@ -424,4 +433,35 @@ async def test_large_and_encrypted_compose(database_url: str, s3_url: str) -> No
         assert read["output"]["size"] == len(MARKER) + (1 << 20)
         [blob] = [s for s in read["steps"] if s["name"] == "blob"]
         assert blob["output"]["text"].startswith(MARKER)
+        await sl.aclose()
+
+
+async def test_replay_check_reads_an_encrypted_run_with_the_apps_codec(database_url: str) -> None:
+    """``stepline replay-check`` replays a run in flight whose values are encrypted: the app's
+    codec opens the recorded input and step result, so the run is ``ok``."""
+    from stepline.cli.replaycheck import check_run
+
+    sl = stepline.Stepline("payload-secret", codec=CODEC)
+
+    @sl.workflow("slow")
+    async def slow(ctx: stepline.Context, input: Any) -> Any:
+        tag = input["m"][:5]  # a KeyError if the input were not decrypted
+        first = await ctx.step("first", lambda: {"m": tag + "-first"})
+        label = first["m"].upper()
+        await ctx.sleep("long", "1h")
+        return label
+
+    async with orchestrator_stack(database_url) as stack, app_server(sl) as url:
+        await stack.register(sl, url)
+        async with _codec_client(stack, codec=CODEC) as client:
+            run = await client.start_run("slow", {"m": MARKER})
+
+        async def asleep() -> Any:
+            got = await stack.client.get_run(run["id"])
+            return any(s["name"] == "long" for s in got["steps"]) and got
+
+        found = await until(asleep, "the long sleep")
+        checked = await check_run(stack.client, sl, found)
+        assert checked["result"] == "ok", checked
+        assert checked["replayed"] == 2
         await sl.aclose()
