@@ -110,6 +110,8 @@ class Invocation:
                     code="validation_failed",
                     message=f"the run's input is not a valid {model.__name__}: {detail}",
                 )
+                if self.payloads is not None:  # the message quotes the input
+                    info = self.payloads.seal_error(info) or info
                 return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=info)
         coro = self.definition.fn(self.ctx, given)
         self.loop = asyncio.get_running_loop()

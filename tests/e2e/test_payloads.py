@@ -286,13 +286,16 @@ async def test_plain_input_runs_in_an_encrypting_app_and_typed_input_is_checked_
             done = await client.wait_run(plain["id"], timeout=30)
             assert done["status"] == "completed" and done["output"] == {"order": "plain-1"}
             good = await client.start_run("typed", {"orderId": "sealed-1"})
-            bad = await client.start_run("typed", {"orderId": 7})  # no 422: the app checks
+            bad = await client.start_run("typed", {"orderId": 7, "note": MARKER})  # app checks
             assert (await client.wait_run(good["id"], timeout=30))["output"] == {
                 "order": "sealed-1"
             }
             failed = await client.wait_run(bad["id"], timeout=30)
             assert failed["status"] == "failed"
             assert failed["error"]["code"] == "validation_failed"
+            assert "orderId" in failed["error"]["message"]
+            raw = await stack.client.get_run(bad["id"])  # the message quotes the input: sealed
+            assert raw["error"]["message"].startswith("$stepline:encrypted:k2:")
             # The same input with the same runKey is the same run (sealed deterministically).
             once = await client.start_run("typed", {"orderId": "k"}, run_key="rk-1")
             again = await client.start_run("typed", {"orderId": "k"}, run_key="rk-1")
