@@ -85,6 +85,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"orchestrator processes (stepline serve --workers) [{d.workers}]",
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    p.add_argument(
+        "--codec",
+        action="store_true",
+        help="the app encrypts every value (stepline.Encryption): run it with and without to"
+        " see what encryption costs a step",
+    )
     return p
 
 
@@ -121,6 +127,7 @@ def config_from(args: argparse.Namespace) -> Config:
     config.log_level = args.log_level
     config.workers = max(1, args.workers)
     config.keep_logs = args.keep_logs
+    config.codec = args.codec
     return config
 
 

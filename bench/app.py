@@ -4,7 +4,8 @@ The SDK handler is mounted at ``/stepline/`` behind a small ASGI middleware that
 requests the orchestrator sends (invocations) and their body bytes; the SDK's progress calls go
 through its default transport, wrapped to count their bytes both ways. ``GET /stats`` answers the
 counters (and the callback URLs announced by the ``callback`` workflow), ``POST /stats/reset``
-zeroes them. The signing secret comes from ``STEPLINE_SIGNING_SECRET``.
+zeroes them. The signing secret comes from ``STEPLINE_SIGNING_SECRET``; with
+``STEPLINE_BENCH_CODEC`` set (``python -m bench --codec``) the app encrypts every value.
 
 Workflows (all steps are trivial ``async`` functions, so the figures are the engine's overhead):
 
@@ -21,6 +22,7 @@ Workflows (all steps are trivial ``async`` functions, so the figures are the eng
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from starlette.applications import Starlette
@@ -109,7 +111,13 @@ class CountingTransport(Transport):
         return status, answer
 
 
-sl = stepline.Stepline()
+# python -m bench --codec: every value the app sends is encrypted (a fixed benchmark key).
+CODEC = (
+    stepline.Encryption(keys={"bench": bytes(range(32))})
+    if os.environ.get("STEPLINE_BENCH_CODEC")
+    else None
+)
+sl = stepline.Stepline(codec=CODEC)
 sl.runtime.transport = CountingTransport()
 
 

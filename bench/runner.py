@@ -56,6 +56,7 @@ class Config:
     scale_ended: int = 1_000_000
     scale_sleeping: int = 100_000
     bulk_runs: int = 10_000  # failed runs the bulk workload retries
+    codec: bool = False  # the app encrypts every value it sends (stepline.Encryption)
 
 
 QUICK = {
@@ -179,9 +180,11 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
         orch.start()
         await orch.wait_ready("/readyz")
         key = await asyncio.to_thread(procs.create_key, orch_env, log_dir)
+        # With --codec the load generator encrypts inputs and decrypts outputs, as the app does.
+        codec = stepline.Encryption(keys={"bench": bytes(range(32))}) if config.codec else None
         async with (
-            stepline.AsyncClient(orch.url, api_key=key) as api,
-            stepline.AsyncClient(orch.url, api_key=key) as waiter,
+            stepline.AsyncClient(orch.url, api_key=key, codec=codec) as api,
+            stepline.AsyncClient(orch.url, api_key=key, codec=codec) as waiter,
         ):
             app_base = f"http://127.0.0.1:{app_port}"
             # A name of its own, so a database given with --database-url can be used again.
@@ -190,7 +193,11 @@ async def _with_database(config: Config, db: procs.Database, log_dir: Path, say:
             app = Service(
                 "app",
                 procs.app_argv(app_port),
-                procs.tool_env(os.environ, STEPLINE_SIGNING_SECRET=created["signingSecret"]),
+                procs.tool_env(
+                    os.environ,
+                    STEPLINE_SIGNING_SECRET=created["signingSecret"],
+                    STEPLINE_BENCH_CODEC="1" if config.codec else "",
+                ),
                 app_base,
                 log_dir / "app.log",
             )

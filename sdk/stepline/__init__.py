@@ -17,6 +17,7 @@ from stepline._errors import (
     SteplineError,
     TerminalError,
 )
+from stepline._payloads import Encryption, S3Store
 from stepline._version import __version__
 from stepline._webhooks import verify_webhook
 from stepline._worker import Worker
@@ -34,10 +35,12 @@ __all__ = [
     "Concurrency",
     "Context",
     "Debounce",
+    "Encryption",
     "NondeterminismError",
     "RateLimit",
     "Retries",
     "RetryableError",
+    "S3Store",
     "StepFailed",
     "Stepline",
     "SteplineError",

@@ -22,6 +22,7 @@ import httpx
 from stepline import _http, _json
 from stepline._durations import Duration, parse_duration
 from stepline._errors import SteplineError
+from stepline._payloads import Codec, Payloads, S3Store
 
 UNAVAILABLE_PAUSE = 0.5
 """Seconds ``wait_run`` waits before asking again after ``503 unavailable``."""
@@ -90,6 +91,7 @@ class _Request:
     body: Any = _NO_BODY
     auth: bool = True
     read_timeout: float | None = None
+    run: bool = False  # the answer is a run: decode its values (a client with a codec)
 
 
 def _path(*segments: str) -> str:
@@ -181,7 +183,14 @@ class _Api(Generic[_D, _N, _I]):
 
     _http: httpx.Client | httpx.AsyncClient
 
-    def __init__(self, api_key: str | None, timeout: float) -> None:
+    def __init__(
+        self,
+        api_key: str | None,
+        timeout: float,
+        codec: Codec | None = None,
+        store: S3Store | None = None,
+    ) -> None:
+        self._payloads = Payloads(codec, store)
         key = api_key if api_key is not None else os.environ.get("STEPLINE_API_KEY")
         self._auth = {"Authorization": f"Bearer {key}"} if key else {}
         self._timeout = timeout
@@ -284,14 +293,14 @@ class _Api(Generic[_D, _N, _I]):
         ``priority`` (-100 to 100, default 0): among due runs of the workflow, higher first."""
         body = {
             "workflow": workflow,
-            "input": input,
+            "input": self._payloads.seal_input(input),
             **_compact(runKey=run_key, priority=priority),
         }
         return self._json(_Request("POST", _path("runs"), body=body))
 
     def get_run(self, run_id: str) -> _D:
         """One run, with its steps."""
-        return self._json(_Request("GET", _path("runs", run_id)))
+        return self._json(_Request("GET", _path("runs", run_id), run=True))
 
     def wait_run(self, run_id: str, timeout: Duration = 60) -> _D:
         """The run once it has ended, or as it is when ``timeout`` is spent."""
@@ -367,9 +376,10 @@ class _Api(Generic[_D, _N, _I]):
 
     def complete_callback(self, id_or_url: str, body: Any) -> _D:
         """Complete a waiting callback; a full (signed) URL is POSTed to without the API key."""
+        sealed = self._payloads.seal_input(body)
         if id_or_url.startswith(("http://", "https://")):
-            return self._json(_Request("POST", id_or_url, body=body, auth=False))
-        return self._json(_Request("POST", _path("callbacks", id_or_url), body=body))
+            return self._json(_Request("POST", id_or_url, body=sealed, auth=False))
+        return self._json(_Request("POST", _path("callbacks", id_or_url), body=sealed))
 
     def get_callback(self, callback_id: str) -> _D:
         """A callback: ``pending``, ``completed`` or ``timedOut``, with its body."""
@@ -379,7 +389,7 @@ class _Api(Generic[_D, _N, _I]):
         """Send an event: every run waiting for ``name`` whose match fields equal ``data``
         resumes, and every workflow declared ``on_event=name`` starts a run. With ``id``, a
         second send of that id within a day does nothing again and answers the first."""
-        body = {"name": name, "data": data, **_compact(id=id)}
+        body = {"name": name, "data": self._payloads.seal_input(data), **_compact(id=id)}
         return self._json(_Request("POST", _path("events"), body=body))
 
     def list_events(self, *, cursor: str | None = None, **filters: Unpack[EventFilters]) -> _D:
@@ -409,7 +419,11 @@ class _Api(Generic[_D, _N, _I]):
             "workflow": workflow,
             "cron": cron,
             "timezone": timezone,
-            **_compact(input=input, overlap=overlap, misfire=misfire),
+            **_compact(
+                input=None if input is None else self._payloads.seal_input(input),
+                overlap=overlap,
+                misfire=misfire,
+            ),
             **{_camel(k): v for k, v in options.items()},
         }
         return self._json(_Request("POST", _path("schedules"), body=body))
@@ -557,7 +571,12 @@ def _http_options(base_url: str, timeout: float, headers: Mapping[str, str] | No
 
 
 class Client(_Api[JSON, None, Iterator[JSON]]):
-    """Blocking client of the Stepline API; the key defaults to ``STEPLINE_API_KEY``."""
+    """Blocking client of the Stepline API; the key defaults to ``STEPLINE_API_KEY``.
+
+    ``codec`` (a :class:`stepline.Encryption`): inputs it sends (runs', events' data,
+    callbacks' bodies, schedules') are encrypted, and the runs ``get_run`` and ``wait_run``
+    answer come decrypted; ``store`` (a :class:`stepline.S3Store`): values stored by the app
+    are read back from it (docs/payloads.md)."""
 
     _http: httpx.Client
 
@@ -569,12 +588,15 @@ class Client(_Api[JSON, None, Iterator[JSON]]):
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
+        codec: Codec | None = None,
+        store: S3Store | None = None,
     ) -> None:
-        super().__init__(api_key, timeout)
+        super().__init__(api_key, timeout, codec, store)
         self._http = httpx.Client(**_http_options(base_url, timeout, headers), transport=transport)
 
     def _json(self, req: _Request) -> JSON:
-        return cast(JSON, _decode(self._http.send(self._build(req))) or {})
+        answer = cast(JSON, _decode(self._http.send(self._build(req))) or {})
+        return self._payloads.open_run_sync(answer) if req.run else answer
 
     def _none(self, req: _Request) -> None:
         _decode(self._http.send(self._build(req)))
@@ -589,7 +611,7 @@ class Client(_Api[JSON, None, Iterator[JSON]]):
                 time.sleep(UNAVAILABLE_PAUSE)  # the orchestrator's database is restarting
                 continue
             if waiter.done(run):
-                return run
+                return cast(JSON, self._payloads.open_run_sync(run))
 
     def _iterate(self, req: _Request, key: str) -> Iterator[JSON]:
         page_req: _Request | None = req
@@ -626,8 +648,10 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
+        codec: Codec | None = None,
+        store: S3Store | None = None,
     ) -> None:
-        super().__init__(api_key, timeout)
+        super().__init__(api_key, timeout, codec, store)
         options = _http_options(base_url, timeout, headers)
         self._direct = _http.HttpClient(timeout=timeout) if transport is None else None
         self._base = str(httpx.URL(base_url)).rstrip("/")
@@ -666,7 +690,8 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
         return _json.loads(answer.body)
 
     async def _json(self, req: _Request) -> JSON:
-        return cast(JSON, await self._send(req) or {})
+        answer = cast(JSON, await self._send(req) or {})
+        return cast(JSON, await self._payloads.open_run(answer)) if req.run else answer
 
     async def _none(self, req: _Request) -> None:
         await self._send(req)
@@ -681,7 +706,7 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
                 await asyncio.sleep(UNAVAILABLE_PAUSE)  # the orchestrator's database restarts
                 continue
             if waiter.done(run):
-                return run
+                return cast(JSON, await self._payloads.open_run(run))
 
     async def _iterate(self, req: _Request, key: str) -> AsyncIterator[JSON]:
         page_req: _Request | None = req
@@ -696,6 +721,7 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
         if self._direct is not None:
             await self._direct.aclose()
         await self._http.aclose()
+        await self._payloads.aclose()
 
     async def __aenter__(self) -> Self:
         return self

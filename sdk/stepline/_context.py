@@ -34,6 +34,7 @@ from stepline._errors import (
 )
 from stepline._history import thaw
 from stepline._logs import LogBuffer, RunLog
+from stepline._payloads import PayloadError, Payloads
 from stepline._types import convert
 from stepline.protocol import Action, StepKind, StepStatus, StepUpdate
 
@@ -96,8 +97,10 @@ class Context:
         request: protocol.InvokeRequest,
         definition: WorkflowDef,
         fetch: FetchResult | None = None,
+        payloads: Payloads | None = None,
     ) -> None:
         self.run_id = request.run_id
+        self._payloads = payloads  # decodes what was recorded encrypted or stored
         self.workflow = request.workflow
         self.attempt = request.attempt
         self.generation = request.generation
@@ -176,7 +179,7 @@ class Context:
             if record.status is StepStatus.COMPLETED:
                 return await self._output(record)
             if record.status is StepStatus.FAILED:
-                raise StepFailed.from_info(name, record.error)
+                raise StepFailed.from_info(name, self._error(record))
             if record.status is StepStatus.CANCELLED:
                 raise self._cancelled()
             if record.status is StepStatus.RETRYING and record.blocked:
@@ -192,7 +195,7 @@ class Context:
             # recorded): it fails with its last attempt's error.
             error = record.error or protocol.ErrorInfo(type="Error", message="step failed")
             self._add(name, StepKind.RUN, Action.FAIL, attempt=record.attempt, error=error)
-            raise StepFailed.from_info(name, error)
+            raise StepFailed.from_info(name, self._error(record) or error)
         future = self._add(name, StepKind.RUN, Action.START, attempt=attempt, resolves=True)
         self._fresh[-1].call = (fn, args, kwargs)
         return await self._wait(future)
@@ -271,7 +274,7 @@ class Context:
             if record.status is StepStatus.FAILED:
                 if record.timed_out or record.error is None:
                     raise CallbackTimeout(name)
-                raise StepFailed.from_info(name, record.error)
+                raise StepFailed.from_info(name, self._error(record))
             if record.status is StepStatus.CANCELLED:
                 raise self._cancelled()
         self._check_cancel()
@@ -314,8 +317,11 @@ class Context:
         if record is not None and record.status is StepStatus.COMPLETED:
             return await self._output(record)
         if record is not None and record.status is StepStatus.FAILED:
-            error = record.error or protocol.ErrorInfo(message="child workflow failed")
+            error = self._error(record) or protocol.ErrorInfo(message="child workflow failed")
             raise ChildWorkflowFailed(name, error, record.child_run_id)
+        if record is None and self._payloads is not None:
+            self._replay_or_new(record)
+            payload = (await self._payloads.encode(payload, self.run_id))[0]
         return await self._block(
             record, name, StepKind.INVOKE, Action.INVOKE, workflow=workflow, input=payload
         )
@@ -336,15 +342,34 @@ class Context:
 
     # -- machinery -----------------------------------------------------------------------
 
+    def _error(self, record: protocol.StepRecord) -> protocol.ErrorInfo | None:
+        """A recorded error, its texts decrypted when the app encrypts."""
+        if self._payloads is None:
+            return record.error
+        return self._payloads.open_error(record.error)
+
     async def _output(self, record: protocol.StepRecord) -> Any:
-        """A completed step's result: inline, or fetched once by reference."""
+        """A completed step's result: inline, or fetched once by reference; decrypted (at
+        once) or fetched from the store (once) when the app encoded it. A value that cannot
+        be read back fails the step it is read in (``payload_corrupt``)."""
+        payloads = self._payloads
         if record.output_ref is None:
-            return thaw(record.output)  # records are kept between invocations: never shared
+            if payloads is None or protocol.envelope_kind(record.output) is None:
+                return thaw(record.output)  # records are kept between invocations: never shared
+            if record.name in self._fetched:
+                return thaw(self._fetched[record.name])
+            if payloads.ready(record.output):  # encrypted inline: no I/O, no yield
+                try:
+                    value = payloads.open_now(record.output)
+                except PayloadError as exc:
+                    raise exc.step_failed(record.name) from None
+                self._fetched[record.name] = value
+                return thaw(value)
         if record.name in self._fetched:
-            return self._fetched[record.name]
-        if self._fetch is None:
+            return thaw(self._fetched[record.name])
+        if self._fetch is None and record.output_ref is not None:
             raise RuntimeError(f"the result of step {record.name!r} came by reference")
-        task = asyncio.ensure_future(self._fetch(record))
+        task = asyncio.ensure_future(self._load(record))
         self.fetching.add(task)
         task.add_done_callback(self.fetching.discard)
         self._futures.append(task)
@@ -353,6 +378,8 @@ class Context:
             value = await task
         except asyncio.CancelledError:
             raise _Suspended() from None
+        except PayloadError as exc:
+            raise exc.step_failed(record.name) from None  # no retry reads it right
         except Exception as exc:
             # Not the workflow's to catch: the invocation stops and is tried again.
             if self.lost is None:
@@ -361,7 +388,15 @@ class Context:
         finally:
             self.activity += 1
         self._fetched[record.name] = value  # read again: no second fetch
-        return value
+        return thaw(value)
+
+    async def _load(self, record: protocol.StepRecord) -> Any:
+        """A result fetched from the orchestrator (``outputRef``) and the store, decrypted."""
+        value = record.output
+        if record.output_ref is not None:
+            assert self._fetch is not None
+            value = await self._fetch(record)
+        return value if self._payloads is None else await self._payloads.decode(value)
 
     def _enter(self, name: str, kind: StepKind) -> protocol.StepRecord | None:
         if self.closed:

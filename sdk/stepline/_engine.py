@@ -36,6 +36,7 @@ from stepline._errors import (
 from stepline._history import thaw
 from stepline._logs import capturing
 from stepline._parked import adoptable
+from stepline._payloads import PayloadError, Payloads
 from stepline._transport import ProgressSender, StaleInvocation
 from stepline.protocol import Action, InvokeStatus, StepUpdate
 
@@ -67,8 +68,11 @@ class Invocation:
         traceparent: str | None = None,
         *,
         may_park: bool = False,
+        payloads: Payloads | None = None,
     ) -> None:
         self.definition = definition
+        # Encrypts and stores what the app sends, and reads it back (None: values are plain).
+        self.payloads = payloads
         # Suspended on sleeps alone, the execution may stay alive for the run's next invocation
         # (``parked``), which then goes on from where it stopped instead of replaying.
         self.may_park = may_park
@@ -77,7 +81,7 @@ class Invocation:
         self.traceparent = traceparent  # W3C trace context the invocation came with
         self.request = request
         self.sender = sender
-        self.ctx = Context(request, definition, self._fetch_result)
+        self.ctx = Context(request, definition, self._fetch_result, payloads)
         self.buffer: list[StepUpdate] = []
         self.progress_calls = 0
         self.running: set[asyncio.Task[None]] = set()
@@ -86,10 +90,17 @@ class Invocation:
 
     async def run(self) -> protocol.InvokeResponse:
         """Drive the workflow to its answer. Raises ``OrchestratorUnavailable`` when stuck."""
+        given = self.request.input
+        if self.payloads is not None:
+            try:
+                given = await self.payloads.decode(given)
+            except PayloadError as exc:
+                error = self.payloads.seal_error(exc.info())
+                return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=error)
         model = self.definition.signature.input_model
         if model is not None:
             try:
-                given = model.model_validate(self.request.input)
+                given = model.model_validate(given)
             except Exception as exc:
                 # Whatever a validator raises (pydantic lets through all but ValueError and
                 # AssertionError), input the workflow refuses fails the run: no retry fixes it.
@@ -99,9 +110,9 @@ class Invocation:
                     code="validation_failed",
                     message=f"the run's input is not a valid {model.__name__}: {detail}",
                 )
+                if self.payloads is not None:  # the message quotes the input
+                    info = self.payloads.seal_error(info) or info
                 return protocol.InvokeResponse(status=InvokeStatus.FAILED, error=info)
-        else:
-            given = self.request.input
         coro = self.definition.fn(self.ctx, given)
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.ensure_future(coro)
@@ -247,7 +258,7 @@ class Invocation:
         if not any(op.update.action in (Action.START, Action.CALLBACK) for op in fresh):
             self.buffer.extend(op.update for op in fresh)
             return
-        updates = [*self.buffer, *(op.update for op in fresh)]
+        updates = self._sealed([*self.buffer, *(op.update for op in fresh)])
         self.buffer = []  # taken before the await: steps finishing meanwhile buffer anew
         self.progress_calls += 1
         lines, dropped = self.ctx.logs.take()  # the lines written so far go with the updates
@@ -300,6 +311,13 @@ class Invocation:
             info = protocol.ErrorInfo(type="TypeError", code="not_json", message=message)
             self._step_failed(op, info)
             return
+        sent = value
+        if self.payloads is not None:
+            try:
+                sent, size = await self.payloads.encode(value, self.request.run_id)
+            except Exception as exc:  # the store could not be written: the attempt failed
+                self._step_raised(op, exc)
+                return
         if size > _json.MAX_PAYLOAD_BYTES:
             message = f"the result of step {op.name!r} is {size} bytes, over the 1 MiB limit"
             info = protocol.ErrorInfo(
@@ -307,7 +325,7 @@ class Invocation:
             )
             self._step_failed(op, info)
             return
-        self._push(op, Action.COMPLETE, output=value)
+        self._push(op, Action.COMPLETE, output=sent)
         # The workflow gets its own copy: what it does to it never changes what is recorded.
         self._resolve(op.future, thaw(value))
 
@@ -370,7 +388,10 @@ class Invocation:
         if ctx.cancel_raised:
             return self._answer(InvokeStatus.CANCELLED)
         if ctx.continued is not None and not task.cancelled() and task.exception() is ctx.continued:
-            return self._answer(InvokeStatus.CONTINUED, input=ctx.continued.input)
+            following = ctx.continued.input
+            if self.payloads is not None:
+                following = (await self.payloads.encode(following, self.request.run_id))[0]
+            return self._answer(InvokeStatus.CONTINUED, input=following)
         if task.cancelled():
             info = protocol.ErrorInfo(
                 type="CancelledError", code="cancelled", message="the workflow was cancelled"
@@ -386,6 +407,9 @@ class Invocation:
             message = f"the workflow's output is not JSON serialisable: {err}"
             info = protocol.ErrorInfo(type="TypeError", code="not_json", message=message)
             return self._answer(InvokeStatus.FAILED, error=info)
+        if self.payloads is not None:
+            # A store that cannot be written raises: the invocation is tried again.
+            output, size = await self.payloads.encode(output, self.request.run_id)
         if size > _json.MAX_PAYLOAD_BYTES:
             message = f"the workflow's output is {size} bytes, over the 1 MiB limit"
             info = protocol.ErrorInfo(
@@ -404,10 +428,28 @@ class Invocation:
             extra={"workflow": workflow, "run_id": run_id, "attempt": self.request.attempt},
         )
 
+    def _sealed(self, updates: list[StepUpdate]) -> list[StepUpdate]:
+        """``updates`` with their errors' texts encrypted, when the app encrypts (every error
+        leaves the app through here or :meth:`_answer`)."""
+        if self.payloads is None:
+            return updates
+        return [
+            u
+            if u.error is None
+            else u.model_copy(update={"error": self.payloads.seal_error(u.error)})
+            for u in updates
+        ]
+
     def _answer(self, status: InvokeStatus, **fields: Any) -> protocol.InvokeResponse:
         lines, dropped = self.ctx.logs.take()
+        if self.payloads is not None and fields.get("error") is not None:
+            fields["error"] = self.payloads.seal_error(fields["error"])
         return protocol.InvokeResponse(
-            status=status, updates=list(self.buffer), logs=lines, logsDropped=dropped, **fields
+            status=status,
+            updates=self._sealed(self.buffer),
+            logs=lines,
+            logsDropped=dropped,
+            **fields,
         )
 
     def _abandon(self) -> None:

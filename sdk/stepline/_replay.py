@@ -23,6 +23,7 @@ from stepline._context import Context, _Op
 from stepline._definitions import WorkflowDef
 from stepline._engine import Invocation
 from stepline._errors import DuplicateStepError, NondeterminismError, SteplineError
+from stepline._payloads import Payloads
 from stepline.protocol import InvokeStatus, StepKind, StepRecord, StepStatus
 
 REPLAY_TIMEOUT = 30.0
@@ -108,8 +109,13 @@ class _NoProgress:
 class _ReplayContext(Context):
     """The invocation's Context, noting the kind of each operation the code makes."""
 
-    def __init__(self, request: protocol.InvokeRequest, definition: WorkflowDef) -> None:
-        super().__init__(request, definition)
+    def __init__(
+        self,
+        request: protocol.InvokeRequest,
+        definition: WorkflowDef,
+        payloads: Payloads | None = None,
+    ) -> None:
+        super().__init__(request, definition, payloads=payloads)
         self.met: dict[str, StepKind] = {}  # every operation the code made, by name, in order
 
     def replaying(self) -> bool:
@@ -126,9 +132,14 @@ class _ReplayContext(Context):
 class _ReplayInvocation(Invocation):
     """An invocation whose new operations are never sent nor run: the first ones stop it."""
 
-    def __init__(self, definition: WorkflowDef, request: protocol.InvokeRequest) -> None:
-        super().__init__(definition, request, _NoProgress())
-        self.ctx: _ReplayContext = _ReplayContext(request, definition)
+    def __init__(
+        self,
+        definition: WorkflowDef,
+        request: protocol.InvokeRequest,
+        payloads: Payloads | None = None,
+    ) -> None:
+        super().__init__(definition, request, _NoProgress(), payloads=payloads)
+        self.ctx: _ReplayContext = _ReplayContext(request, definition, payloads)
         self.stopped_at: list[_Op] = []
 
     async def _dispatch(self, fresh: list[_Op]) -> None:
@@ -156,10 +167,14 @@ def request_of(history: dict[str, Any]) -> protocol.InvokeRequest:
 
 
 async def replay(
-    definition: WorkflowDef, request: protocol.InvokeRequest, timeout: float = REPLAY_TIMEOUT
+    definition: WorkflowDef,
+    request: protocol.InvokeRequest,
+    timeout: float = REPLAY_TIMEOUT,
+    payloads: Payloads | None = None,
 ) -> Replay:
-    """Replay the run ``request`` carries against ``definition`` without running any step."""
-    invocation = _ReplayInvocation(definition, request)
+    """Replay the run ``request`` carries against ``definition`` without running any step;
+    ``payloads``: the app's codec and store, which decode what it recorded encoded."""
+    invocation = _ReplayInvocation(definition, request, payloads)
     history = sorted(request.steps, key=lambda s: s.position)
     try:
         answer = await asyncio.wait_for(invocation.run(), timeout)

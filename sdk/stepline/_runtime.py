@@ -12,6 +12,7 @@ from stepline._definitions import WorkflowDef
 from stepline._engine import Invocation
 from stepline._history import DEFAULT_MAX_BYTES, HistoryCache
 from stepline._parked import DEFAULT_MAX_RUNS, ParkedRuns
+from stepline._payloads import Payloads
 from stepline._transport import StaleInvocation, Transport
 
 _GOES_ON = (protocol.InvokeStatus.SUSPENDED, protocol.InvokeStatus.STALE)
@@ -26,7 +27,9 @@ class Runtime:
         http_client: httpx.AsyncClient | None = None,
         history_cache_bytes: int = DEFAULT_MAX_BYTES,
         parked_runs: int = DEFAULT_MAX_RUNS,
+        payloads: Payloads | None = None,
     ) -> None:
+        self.payloads = payloads if payloads is not None and payloads.active else None
         self.histories = HistoryCache(history_cache_bytes)
         self.parked: ParkedRuns[Invocation] = ParkedRuns(parked_runs)
         self.transport = Transport(http_client)
@@ -58,7 +61,12 @@ class Runtime:
             if parked is not None:
                 parked.abandon()
             invocation = Invocation(
-                definition, whole, self.transport, traceparent, may_park=self.parked.max_runs > 0
+                definition,
+                whole,
+                self.transport,
+                traceparent,
+                may_park=self.parked.max_runs > 0,
+                payloads=self.payloads,
             )
             response = await invocation.run()
         if invocation.parked:
@@ -72,3 +80,5 @@ class Runtime:
         here)."""
         self.parked.clear()
         await self.transport.aclose()
+        if self.payloads is not None:
+            await self.payloads.aclose()

@@ -28,6 +28,7 @@ from stepline._durations import Duration, to_ms
 from stepline._handler import Handler
 from stepline._history import DEFAULT_MAX_BYTES, HistoryCache
 from stepline._parked import DEFAULT_MAX_RUNS, ParkedRuns
+from stepline._payloads import Codec, Payloads, S3Store
 from stepline._runtime import Runtime
 from stepline._transport import Transport
 from stepline._types import signature_of
@@ -108,7 +109,9 @@ class Stepline:
     (default 256, for at most 10 minutes each), so the invocation after the sleep goes on
     without replaying; 0 keeps none. Parked runs and the progress calls' connections are kept
     per event loop: a host that runs each request on a fresh loop starts afresh on each
-    (``docs/serverless.md``).
+    (``docs/serverless.md``). ``codec``: a :class:`stepline.Encryption`, which encrypts every
+    value the app sends the orchestrator and decrypts what it reads; ``store``: a
+    :class:`stepline.S3Store`, where values over its size go instead (``docs/payloads.md``).
     """
 
     def __init__(
@@ -119,9 +122,12 @@ class Stepline:
         http_client: httpx.AsyncClient | None = None,
         history_cache_bytes: int = DEFAULT_MAX_BYTES,
         parked_runs: int = DEFAULT_MAX_RUNS,
+        codec: Codec | None = None,
+        store: S3Store | None = None,
     ) -> None:
         self.signing_secrets: tuple[str, ...] = _secrets(signing_secret)
-        self.runtime = Runtime(http_client, history_cache_bytes, parked_runs)
+        self.payloads = Payloads(codec, store)
+        self.runtime = Runtime(http_client, history_cache_bytes, parked_runs, self.payloads)
         self._named_deployment_id = deployment_id or detect_deployment_id()
         self._code_deployment_id: str | None = None  # derived when first needed
         self._workflows: dict[str, WorkflowDef] = {}

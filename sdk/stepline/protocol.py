@@ -67,6 +67,47 @@ MAX_LOG_MESSAGE = 16 * 1024
 """A log line's message is at most this many characters (the SDK cuts longer ones)."""
 
 
+ENVELOPE = "$stepline"
+"""The key that marks a value the app encoded (docs/payloads.md): ``{"$stepline": "encrypted",
+"key", "data"}`` (AES-256-GCM, by the app's :class:`stepline.Encryption`) or ``{"$stepline":
+"ref", "uri", "sha256", "bytes"}`` (stored by the app's :class:`stepline.S3Store`). The
+orchestrator stores and shows such a value as it is and never reads inside it."""
+
+SEALED_TEXT_PREFIX = "$stepline:encrypted:"
+"""How an encrypted error message or traceback begins: ``$stepline:encrypted:<key>:<data>``."""
+
+
+def envelope_kind(value: Any) -> str | None:
+    """``"encrypted"`` or ``"ref"`` when ``value`` is such an encoded value, else None."""
+    if isinstance(value, dict) and isinstance(kind := value.get(ENVELOPE), str):
+        if kind == "encrypted" and isinstance(value.get("key"), str):
+            return kind
+        if kind == "ref" and isinstance(value.get("uri"), str):
+            return kind
+    return None
+
+
+def sealed_text_key(text: Any) -> str | None:
+    """The key an encrypted error text was sealed with, or None when it is plain text."""
+    if isinstance(text, str) and text.startswith(SEALED_TEXT_PREFIX):
+        key, sep, _ = text[len(SEALED_TEXT_PREFIX) :].partition(":")
+        return key if sep and key else None
+    return None
+
+
+def describe_encoded(value: Any) -> str | None:
+    """How a person is shown an encoded value or text (``encrypted (key k2)``, ``stored at
+    s3://… (N bytes)``); None when it is a plain one."""
+    kind = envelope_kind(value)
+    if kind == "encrypted":
+        return f"encrypted (key {value['key']})"
+    if kind == "ref":
+        size = value.get("bytes")
+        return f"stored at {value['uri']}" + (f" ({size} bytes)" if isinstance(size, int) else "")
+    key = sealed_text_key(value)
+    return None if key is None else f"encrypted (key {key})"
+
+
 class StepKind(StrEnum):
     """What a step is."""
 

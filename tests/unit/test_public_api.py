@@ -8,8 +8,8 @@ import stepline
 
 EXPECTED = {
     "ApiError", "AsyncClient", "Batch", "Callback", "CallbackTimeout", "Cancelled",
-    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "Debounce", "NondeterminismError",
-    "RateLimit",
+    "ChildWorkflowFailed", "Client", "Concurrency", "Context", "Debounce", "Encryption",
+    "NondeterminismError", "RateLimit", "S3Store",
     "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "Worker",
     "__version__", "parse_duration", "protocol", "verify_webhook",

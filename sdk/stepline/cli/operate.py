@@ -296,6 +296,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--limit", type=int, default=50, help="at most this many [50, max 500]")
     p = leaf(runs, "show", runs_show, "a run with its steps and errors (with tracebacks)")
     p.add_argument("id")
+    p.add_argument(
+        "--codec",
+        metavar="MODULE:ATTR",
+        help="decrypt (and read from the store) the run's values here, with the"
+        " stepline.Encryption, S3Store or Stepline this names",
+    )
     p = leaf(runs, "events", runs_events, "a run's history")
     p.add_argument("id")
     p.add_argument("--follow", action="store_true", help="print new events until the run ends")

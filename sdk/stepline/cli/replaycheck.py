@@ -139,7 +139,8 @@ async def check_run(client: AsyncClient, sl: Stepline, run: dict[str, Any]) -> d
             "differs", f"the code has no workflow {name!r}: the run cannot go on", difference
         )
         return {**item, **_verdict_json(verdict), "replayed": 0, "next": [], "end": None}
-    result = await _replay.replay(definition, _replay.request_of(history))
+    request = _replay.request_of(history)
+    result = await _replay.replay(definition, request, payloads=sl.runtime.payloads)
     verdict = _replay.judge(result, history["status"], history.get("input"))
     return {
         **item,

@@ -6,12 +6,16 @@ waiting first."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from stepline._client import Client
+from stepline._payloads import Encryption, Payloads, S3Store
 from stepline.cli import bulk, output
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timedOut"})
@@ -67,8 +71,32 @@ def runs_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> Non
         out.write(f"(more: raise --limit, at most 500; showing {len(rows)})\n")
 
 
+def load_payloads(target: str) -> Payloads:
+    """What ``MODULE:ATTR`` names, to decode a run's values with: a :class:`stepline.Encryption`,
+    a :class:`stepline.S3Store` or a :class:`stepline.Stepline` (its codec and store); the
+    current folder is on the import path."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"stepline runs show: --codec {target!r} is not MODULE:ATTR")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    found = getattr(importlib.import_module(module_name), attr, None)
+    if isinstance(found, Encryption):
+        return Payloads(found)
+    if isinstance(found, S3Store):
+        return Payloads(None, found)
+    kept = getattr(found, "payloads", None)
+    if isinstance(kept, Payloads):
+        return kept
+    raise SystemExit(
+        f"stepline runs show: {target} is not a stepline.Encryption, S3Store or Stepline"
+    )
+
+
 def runs_show(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     run = c.get_run(a.id)
+    if getattr(a, "codec", None):
+        run = load_payloads(a.codec).open_run_sync(run)  # decoded here: the keys stay local
     if a.json:
         return output.as_json(run, out)
     out.write("\n".join(output.run_lines(run, _last_failure(c, run))) + "\n")

@@ -8,6 +8,8 @@ from typing import Any
 import jsonschema
 import orjson
 
+from stepline import protocol
+
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: bytes) -> Any:
@@ -20,8 +22,9 @@ def _validator(schema_json: bytes) -> Any:
 def input_problems(schema: dict[str, Any] | None, value: Any) -> dict[str, str]:
     """The fields of ``value`` that break ``schema`` (``input.<path>`` → why); empty when it
     fits, or when the workflow declares no schema. A schema that is itself broken checks
-    nothing (the app's SDK validates again when the run is invoked)."""
-    if not isinstance(schema, dict):
+    nothing (the app's SDK validates again when the run is invoked), and so is an input the
+    client encrypted or stored (``{"$stepline": ...}``): the app checks it once decoded."""
+    if not isinstance(schema, dict) or protocol.envelope_kind(value) is not None:
         return {}
     try:
         validator = _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))

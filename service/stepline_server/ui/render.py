@@ -10,19 +10,45 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
+from stepline.protocol import describe_encoded
 from stepline.wire import in_words
 from stepline_server.ui import options
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+def _readable(value: Any) -> Any:
+    """``value`` with each value the app encrypted or stored (and each encrypted text) told in
+    words (``encrypted (key k2)``) instead of its blob: the orchestrator cannot read them."""
+    told = describe_encoded(value)
+    if told is not None:
+        return told
+    if isinstance(value, dict):
+        return {k: _readable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_readable(v) for v in value]
+    return value
+
+
 def _pretty(value: Any) -> str:
-    """JSON, indented, as text (escaped by the template like any other text)."""
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    """JSON, indented, as text (escaped by the template like any other text); an encoded
+    value in words."""
+    told = describe_encoded(value)
+    if told is not None:
+        return told
+    return json.dumps(_readable(value), indent=2, ensure_ascii=False)
+
+
+def _text(value: Any) -> Any:
+    """An error's message or traceback; an encrypted one in words."""
+    return describe_encoded(value) or value
 
 
 def _compact(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    told = describe_encoded(value)
+    if told is not None:
+        return told
+    text = json.dumps(_readable(value), ensure_ascii=False, separators=(",", ":"))
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -67,6 +93,7 @@ env = Environment(
 env.filters.update(
     pretty=_pretty,
     compact=_compact,
+    text=_text,
     when=_when,
     took=_took,
     elapsed=_elapsed,
