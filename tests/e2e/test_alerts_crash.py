@@ -4,18 +4,14 @@ run is delivered after a restart, under the id it was recorded with."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 
 import stepline
 from stepline_server.store import apps, db, keys
+from tests import processes
 from tests.ports import free_port
 from tests.receiver import Receiver
 from tests.support import app_server
@@ -39,35 +35,6 @@ def _app() -> stepline.Stepline:
     return sl
 
 
-def _spawn(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "stepline_server.cli.main", "serve"],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-async def _until_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    async with httpx.AsyncClient() as http:
-        for _ in range(400):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the orchestrator exited with {proc.returncode}")
-            try:
-                await http.get(url)
-                return
-            except httpx.HTTPError:
-                await asyncio.sleep(0.05)
-    raise TimeoutError(url)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 async def test_orchestrator_killed_right_after_a_run_failed_still_delivers_its_alert(
     database_url: str,
 ) -> None:
@@ -84,9 +51,9 @@ async def test_orchestrator_killed_right_after_a_run_failed_still_delivers_its_a
     }
     base = f"http://127.0.0.1:{port}"
     conn = await db.connect(database_url)
-    orch = _spawn(env)
+    orch = processes.spawn(env)
     try:
-        await _until_up(base + "/healthz", orch)
+        await processes.until_up(base + "/healthz", orch)
         key = await keys.create_key(conn, "crash")
         async with (
             app_server(_app()) as app_url,
@@ -101,15 +68,15 @@ async def test_orchestrator_killed_right_after_a_run_failed_still_delivers_its_a
             run = await client.start_run("boom", {})
             ended = await client.wait_run(run["id"], timeout=30)
             assert ended["status"] == "failed"
-            _kill(orch)
+            processes.kill(orch)
             [pending] = await conn.fetch(
                 "SELECT id, status FROM alert_notifications WHERE run_id = $1",
                 uuid.UUID(run["id"]),
             )
             assert pending["status"] == "pending"
             async with Receiver().running(hook_port) as rx:
-                orch = _spawn(env)
-                await _until_up(base + "/healthz", orch)
+                orch = processes.spawn(env)
+                await processes.until_up(base + "/healthz", orch)
                 [got] = await rx.until(1, seconds=90)
                 for _ in range(200):
                     [d] = (await client.list_alert_deliveries(alert["id"]))["deliveries"]
@@ -120,5 +87,5 @@ async def test_orchestrator_killed_right_after_a_run_failed_still_delivers_its_a
         assert body["id"] == str(pending["id"]) == d["id"]
         assert body["run"]["id"] == run["id"] and d["status"] == "delivered"
     finally:
-        _kill(orch)
+        processes.kill(orch)
         await conn.close()
