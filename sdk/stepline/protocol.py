@@ -119,6 +119,28 @@ class StepKind(StrEnum):
     INVOKE = "invoke"  # a child workflow run
 
 
+PATCH_STEP_PREFIX = "$patch:"
+"""How the name of a patch marker begins (``$patch:fix-tax`` for ``ctx.patched("fix-tax")``): a
+``value`` step, so an orchestrator of any version records it; its update carries ``patch``, from
+which an orchestrator that knows patches writes ``patch.recorded`` to the run's history. Workflow
+code cannot name its own steps so."""
+
+MAX_PATCH_ID = 200
+"""A patch id is a string of 1 to this many characters."""
+
+
+def patch_step_name(patch_id: str) -> str:
+    """The name of the step that marks the patch ``patch_id`` in a run's history."""
+    return PATCH_STEP_PREFIX + patch_id
+
+
+def patch_of(record: StepRecord) -> str | None:
+    """The patch a recorded step marks, or None when it is not a patch marker."""
+    if record.kind is StepKind.VALUE and record.name.startswith(PATCH_STEP_PREFIX):
+        return record.name[len(PATCH_STEP_PREFIX) :] or None
+    return None
+
+
 class StepStatus(StrEnum):
     """Where a step stands."""
 
@@ -347,6 +369,9 @@ class StepUpdate(_Model):
     match: dict[str, Any] | None = None
     workflow: str | None = None
     input: Any = None
+    # complete (value): the step marks the patch of this id (ctx.patched); the orchestrator
+    # records ``patch.recorded``, one that does not know patches a plain value step.
+    patch: str | None = Field(default=None, min_length=1, max_length=MAX_PATCH_ID)
 
 
 class LogLine(_Model):

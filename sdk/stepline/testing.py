@@ -10,12 +10,16 @@ exactly as in production, so nondeterminism shows up here too. ``result.logs`` h
 log lines as the orchestrator would keep them (``ctx.log`` and the ``logging`` records of step
 executions, each once). ``ctx.continue_as_new`` starts the next generation with an empty
 history, as the orchestrator does.
+
+Patches (``ctx.patched``): a run here is a new run, which takes every patch's code and records
+its marker (``result.patches``); ``unpatched=["fix-tax"]`` runs it as a run from before that
+patch, which takes the old code (``ctx.patched("fix-tax")`` is ``False`` throughout).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +51,11 @@ class RunResult:
     """The run's log lines, in order (the cap of a run applies as on the orchestrator)."""
     logs_dropped: int = 0
 
+    @property
+    def patches(self) -> list[str]:
+        """The patches whose markers the run recorded (``ctx.patched`` answered ``True``)."""
+        return [p for r in self.steps.values() if (p := protocol.patch_of(r)) is not None]
+
 
 class _MemoryRun:
     """One run's history and the orchestrator's side of the protocol, in memory."""
@@ -60,8 +69,10 @@ class _MemoryRun:
         callbacks: Mapping[str, Any],
         events: Mapping[str, Any],
         cancel_after: str | None,
+        unpatched: frozenset[str] = frozenset(),
     ) -> None:
         self.sl, self.workflow, self.input, self.run_id = sl, workflow, input, run_id
+        self.unpatched = unpatched
         self.callbacks, self.events, self.cancel_after = callbacks, events, cancel_after
         self.steps: dict[str, StepRecord] = {}
         self.waits: dict[str, StepUpdate] = {}
@@ -198,7 +209,7 @@ class _MemoryRun:
         wait = self.waits[record.name]
         child = await run(
             self.sl, wait.workflow or "", wait.input, callbacks=self.callbacks,
-            events=self.events, run_id=record.child_run_id,
+            events=self.events, run_id=record.child_run_id, unpatched=self.unpatched,
         )  # fmt: skip
         if child.status == "completed":
             record.status, record.output = StepStatus.COMPLETED, child.output
@@ -219,10 +230,13 @@ async def run(
     cancel_after: str | None = None,
     run_id: str | None = None,
     max_invocations: int = 1000,
+    unpatched: Collection[str] = (),
 ) -> RunResult:
     """Run ``workflow`` of ``sl`` to its end in memory; return a :class:`RunResult`.
 
     ``cancel_after``: request cancellation once that step has completed or failed.
+    ``unpatched``: run it as a run from before these patches (``ctx.patched`` answers
+    ``False`` for them, and no marker is recorded); its child runs too.
     """
     definition = sl.get(workflow)
     if definition is None:
@@ -230,7 +244,7 @@ async def run(
     input = _json.round_trip(input)[0]  # a model as its JSON, as the orchestrator sends it
     memory = _MemoryRun(
         sl, workflow, input, run_id or f"test-{workflow}", callbacks or {}, events or {},
-        cancel_after,
+        cancel_after, frozenset(unpatched),
     )  # fmt: skip
     generation = 1
     for number in range(1, max_invocations + 1):
@@ -240,7 +254,9 @@ async def run(
             steps=[r.model_copy(deep=True) for r in memory.steps.values()],
             generation=generation,
         )  # fmt: skip
-        response = await Invocation(definition, request, memory).run()
+        invocation = Invocation(definition, request, memory)
+        invocation.ctx.unpatched = memory.unpatched
+        response = await invocation.run()
         memory.keep_logs(response.logs, response.logs_dropped)
         memory.apply(response.updates)
         if response.status is protocol.InvokeStatus.CONTINUED:

@@ -6,7 +6,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepline.protocol import Action, LogLine, StepKind, StepStatus, StepUpdate
+from stepline.protocol import (
+    Action,
+    LogLine,
+    StepKind,
+    StepStatus,
+    StepUpdate,
+    patch_step_name,
+)
 from stepline_server.engine import error_codes, ids
 from stepline_server.engine import logs as run_logs
 
@@ -138,6 +145,9 @@ def plan_updates(
             )
         change = _change(run_id, u, status, generation)
         by_name[u.name] = change
+        if u.patch is not None:
+            plan.events.append(_patch_event(u))
+            continue
         plan.events.append(_event(event_type, u, change))
         if u.action is Action.CALLBACK:
             assert change.callback_id is not None
@@ -191,6 +201,20 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> 
         event_name=u.event if u.action is Action.EVENT else None,
         match=u.match if u.action is Action.EVENT else None,
     )
+
+
+def _patch_event(u: StepUpdate) -> dict[str, Any]:
+    """``patch.recorded`` for the marker of a patch (``ctx.patched``): a completed value step
+    named after the patch."""
+    assert u.patch is not None
+    if u.kind is not StepKind.VALUE or u.action is not Action.COMPLETE:
+        raise InvalidUpdate(f"step {u.name!r}: a patch marker is a completed value step")
+    if u.name != patch_step_name(u.patch):
+        raise InvalidUpdate(
+            f"step {u.name!r}: the marker of patch {u.patch!r} is named "
+            f"{patch_step_name(u.patch)!r}"
+        )
+    return {"type": "patch.recorded", "step_name": u.name, "data": {"patch": u.patch}}
 
 
 def _event(event_type: str, u: StepUpdate, change: StepChange) -> dict[str, Any]:
