@@ -27,6 +27,7 @@ from stepline._errors import (
     ChildWorkflowFailed,
     DuplicateStepError,
     NondeterminismError,
+    StateError,
     StepFailed,
     SteplineError,
     _ContinueAsNew,
@@ -127,6 +128,13 @@ class Context:
         self.unpatched: frozenset[str] = frozenset()
         """Patches this execution answers ``False`` without looking (``stepline.testing``
         runs a workflow as a run from before them)."""
+        self._orchestrator_protocol = request.protocol_version
+        self._state_sets: dict[str, int] = {}  # ctx.set_state calls met so far, by key
+        # The state keys this generation recorded and set: a new one past the limit is refused
+        # here (the orchestrator also counts the keys of earlier generations).
+        self._state_keys = {
+            protocol.state_key_of(r.name) for r in request.steps if r.kind is StepKind.STATE
+        }
         self._reached: set[str] = set()
         self._furthest = -1  # the highest position of a recorded step this execution reached
         self._fresh: list[_Op] = []
@@ -386,6 +394,57 @@ class Context:
                 f"patch ids are strings of 1 to {protocol.MAX_PATCH_ID} characters, "
                 f"not {patch_id!r}"
             )
+    async def set_state(self, key: str, value: Any) -> None:
+        """Publish ``value`` (JSON, at most 64 KiB) under ``key`` (1 to 128 of ``A-Z a-z 0-9 .
+        _ : -``): clients read it with ``GET /v1/runs/{id}/state/{key}`` while the run goes
+        on. Recorded once per call, like a step (a replay records nothing); setting the key
+        again later overwrites its current value. Raises :class:`~stepline.StateError` before
+        anything is sent when the key or value is refused, or when the orchestrator is too
+        old to record state."""
+        problem = protocol.state_key_problem(key)
+        if problem is not None:
+            raise StateError(problem, "state_key_invalid", key)
+        n = self._state_sets.get(key, 0) + 1
+        self._state_sets[key] = n
+        name = protocol.state_step_name(key, n)
+        record = self._enter(name, StepKind.STATE)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return  # recorded by an earlier invocation: never sent again
+        if record is not None and record.status is StepStatus.FAILED:
+            raise StepFailed.from_info(name, self._error(record))  # the orchestrator refused it
+        self._replay_or_new(record)
+        try:
+            plain, size = _json.round_trip(value)
+        except (TypeError, ValueError) as exc:
+            raise StateError(
+                f"the value of state {key!r} is not JSON serialisable: {exc}", "state_not_json", key
+            ) from None
+        if size > protocol.MAX_STATE_BYTES:
+            raise StateError(
+                f"the value of state {key!r} is {size} bytes of JSON, over the "
+                f"{protocol.MAX_STATE_BYTES // 1024} KiB limit",
+                "state_too_large",
+                key,
+            )
+        if key not in self._state_keys and len(self._state_keys) >= protocol.MAX_STATE_KEYS:
+            raise StateError(
+                f"state {key!r} was not set: a run publishes at most {protocol.MAX_STATE_KEYS} "
+                "keys",
+                "state_keys_exceeded",
+                key,
+            )
+        version = self._orchestrator_protocol
+        if version is None or version < protocol.STATE_PROTOCOL_VERSION:
+            raise StateError(
+                f"the orchestrator speaks protocol {version or 'before 4'}; ctx.set_state needs "
+                f"protocol {protocol.STATE_PROTOCOL_VERSION} (upgrade the orchestrator)",
+                "state_not_supported",
+                key,
+            )
+        if self._payloads is not None:
+            plain = (await self._payloads.encode(plain, self.run_id))[0]
+        self._state_keys.add(key)
+        self._add(name, StepKind.STATE, Action.COMPLETE, output=plain, key=key)
 
     def continue_as_new(self, input: Any = None) -> NoReturn:
         """End this generation of the run and start it over with ``input`` and an empty
@@ -617,6 +676,7 @@ class Context:
         still pending."""
         self._records, self._markers = _split(request.steps)
         self.attempt = request.attempt
+        self._orchestrator_protocol = request.protocol_version
         self.logs = LogBuffer()
         self.log.rebind(self.logs)
         self.forget_done()

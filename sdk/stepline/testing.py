@@ -50,6 +50,8 @@ class RunResult:
     logs: list[protocol.LogLine] = field(default_factory=list)
     """The run's log lines, in order (the cap of a run applies as on the orchestrator)."""
     logs_dropped: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    """The state the run published (``ctx.set_state``): each key's last value."""
 
     @property
     def patches(self) -> list[str]:
@@ -81,6 +83,7 @@ class _MemoryRun:
         self.logs: list[protocol.LogLine] = []
         self.logs_dropped = 0
         self.log_bytes = 0
+        self.state: dict[str, Any] = {}
 
     async def progress(
         self,
@@ -137,6 +140,8 @@ class _MemoryRun:
                 self.calls[u.name] += 1
             elif u.action is Action.COMPLETE:
                 record.status, record.output = StepStatus.COMPLETED, u.output
+                if u.kind is StepKind.STATE and u.key is not None:
+                    self.state[u.key] = u.output
             elif u.action is Action.FAIL:
                 record.status, record.error = StepStatus.FAILED, u.error
             elif u.action is Action.RETRY:
@@ -252,7 +257,7 @@ async def run(
             runId=memory.run_id, workflow=workflow, input=input, invocationId=f"inv-{number}",
             token="test", apiUrl="memory://", cancelRequested=memory.cancel_requested,
             steps=[r.model_copy(deep=True) for r in memory.steps.values()],
-            generation=generation,
+            generation=generation, protocolVersion=protocol.PROTOCOL_VERSION,
         )  # fmt: skip
         invocation = Invocation(definition, request, memory)
         invocation.ctx.unpatched = memory.unpatched
@@ -269,6 +274,7 @@ async def run(
                 run_id=memory.run_id, status=response.status.value, output=response.output,
                 error=response.error, steps=memory.steps, step_calls=memory.calls,
                 invocations=number, logs=memory.logs, logs_dropped=memory.logs_dropped,
+                state=memory.state,
             )  # fmt: skip
         if not await memory.advance():
             raise RuntimeError(f"run {memory.run_id} suspended with nothing to wait for")

@@ -116,6 +116,7 @@ class Owner:
         self.ids["scheduleId"] = schedule["id"]
         key = await self._post("/v1/keys", {"name": "victim", "role": "read"})
         self.ids["keyId"] = key["id"]
+        self.ids["key"] = "progress"  # a state key the waiting runs set
         self.ids["name"] = "doomed"  # a workflow (pause, resume): its one run has ended
         op = await self._post(
             "/v1/runs/bulk",
@@ -196,6 +197,7 @@ def waiting_app() -> stepline.Stepline:
 
     @sl.workflow("waiter")
     async def waiter(ctx: stepline.Context, input: Any) -> Any:
+        await ctx.set_state("progress", {"done": 1})
         cb = await ctx.callback("answer")
         return await cb.wait()
 

@@ -22,6 +22,7 @@ from stepline_server.api import routes_pull as pull
 from stepline_server.api import routes_results as results
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
+from stepline_server.api import routes_state as run_state
 from stepline_server.api import routes_tenancy as tenancy
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
@@ -77,6 +78,8 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
     Route("/v1/runs/{runId}/logs", runs.list_logs, methods=["GET"]),
     Route("/v1/runs/{runId}/replay", runs.get_replay, methods=["GET"]),
+    Route("/v1/runs/{runId}/state", run_state.get_state, methods=["GET"]),
+    Route("/v1/runs/{runId}/state/{key}", run_state.get_state_key, methods=["GET"]),
     Route("/v1/operations", operations.list_operations, methods=["GET"]),
     Route("/v1/operations/{operationId}", operations.get_operation, methods=["GET"]),
     Route("/v1/operations/{operationId}/cancel", operations.cancel_operation, methods=["POST"]),

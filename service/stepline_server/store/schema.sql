@@ -7,8 +7,8 @@
 CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
 COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
 
-CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke');
-COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run';
+CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke', 'state');
+COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run; state: ctx.set_state (its key''s value is kept in run_state)';
 
 CREATE TYPE step_status AS ENUM ('running', 'retrying', 'completed', 'failed', 'cancelled', 'sleeping', 'waiting');
 COMMENT ON TYPE step_status IS 'running: started; retrying: next attempt due at wake_at; completed: has output; failed: has error; cancelled: the run was cancelled while it waited; sleeping: until wake_at; waiting: callback, event or child';
@@ -617,3 +617,15 @@ COMMENT ON COLUMN run_gatherings.event_ids IS 'The ids of the events gathered, i
 COMMENT ON COLUMN run_gatherings.fire_at IS 'When the gathering fires: a debounce its period after the last start (at most max wait after the first), a batch its wait after the first event.';
 CREATE UNIQUE INDEX run_gatherings_run ON run_gatherings (run_id);
 CREATE INDEX run_gatherings_due ON run_gatherings (fire_at);
+
+-- Published state (0026): each key's current value, set by ctx.set_state (a step of kind state).
+CREATE TABLE run_state (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    key text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    project_id uuid NOT NULL,
+    value jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, key)
+);
+COMMENT ON TABLE run_state IS 'The current value of each key a run published with ctx.set_state (the last set of the key wins; every set is also a state step and a state.set event); deleted with the run.';
+COMMENT ON COLUMN run_state.value IS 'The value as the app sent it (JSON, at most 64 KiB; an envelope when the app encrypts or stores values).';
