@@ -296,6 +296,33 @@ class _Api(Generic[_D, _N, _I]):
         params = _params(takeOver="true" if take_over else None)
         return self._json(_Request("POST", _path("apps", id_or_slug, "sync"), params))
 
+    def list_deployments(self, id_or_slug: str) -> _D:
+        """The app's deployments, newest first: ``{"deployments": [...]}``."""
+        return self._json(_Request("GET", _path("apps", id_or_slug, "deployments")))
+
+    def create_deployment(
+        self, id_or_slug: str, url: str | None = None, *, deployment_id: str | None = None
+    ) -> _D:
+        """Register and sync another deployment of the app at ``url`` (a pull app: none, and
+        its ``deployment_id``); it becomes the current one, where new runs start."""
+        body = _compact(url=url, deploymentId=deployment_id)
+        return self._json(_Request("POST", _path("apps", id_or_slug, "deployments"), body=body))
+
+    def delete_deployment(
+        self, id_or_slug: str, deployment: str, *, move_to: str | None = None
+    ) -> _N:
+        """Delete a deployment of the app; refused (409) while runs are on it, unless
+        ``move_to="current"`` moves them to the current deployment first."""
+        params = _params(moveTo=move_to)
+        path = _path("apps", id_or_slug, "deployments", deployment)
+        return self._none(_Request("DELETE", path, params))
+
+    def move_run(self, run_id: str, deployment: str) -> _D:
+        """Move a run not ended to another deployment of its app (its id or deploymentId):
+        its next invocation goes there."""
+        body = {"deployment": deployment}
+        return self._json(_Request("POST", _path("runs", run_id, "move"), body=body))
+
     def list_workflows(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""
         return self._json(_Request("GET", _path("workflows"), _params(limit=limit, cursor=cursor)))
@@ -509,12 +536,16 @@ class _Api(Generic[_D, _N, _I]):
         filter: Mapping[str, Any],
         *,
         from_step: str | None = None,
+        deployment: str | None = None,
         dry_run: bool = False,
     ) -> _D:
         """Cancel (``"cancel"``) or retry (``"retry"``, ``"retryFromStep"`` with ``from_step``)
-        every run ``filter`` matches: an operation, worked in the background; with ``dry_run``,
-        ``{"matched": n, "sample": [...]}`` and nothing changes."""
-        body = _compact(action=action, filter=dict(filter), fromStep=from_step)
+        every run ``filter`` matches, or move them (``"move"``) to ``deployment``: an operation,
+        worked in the background; with ``dry_run``, ``{"matched": n, "sample": [...]}`` and
+        nothing changes."""
+        body = _compact(
+            action=action, filter=dict(filter), fromStep=from_step, deployment=deployment
+        )
         if dry_run:
             body["dryRun"] = True
         return self._json(_Request("POST", _path("runs", "bulk"), body=body))

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Scope
 from stepline_server import authlimits, params, payloads
 from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
+from stepline_server.api import routes_deployments as deployments
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_operations as operations
 from stepline_server.api import routes_pause as pause
@@ -62,6 +63,14 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
     Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
+    Route("/v1/apps/{app}/deployments", deployments.list_deployments, methods=["GET"]),
+    Route("/v1/apps/{app}/deployments", deployments.create_deployment, methods=["POST"]),
+    Route("/v1/apps/{app}/deployments/{deployment}", deployments.get_deployment, methods=["GET"]),
+    Route(
+        "/v1/apps/{app}/deployments/{deployment}",
+        deployments.delete_deployment,
+        methods=["DELETE"],
+    ),
     Route("/v1/apps/{app}/poll", pull.poll, methods=["POST"]),
     Route("/v1/apps/{app}/pause", pause.pause_app, methods=["POST"]),
     Route("/v1/apps/{app}/resume", pause.resume_app, methods=["POST"]),
@@ -73,6 +82,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/bulk", operations.bulk_runs, methods=["POST"]),
     Route("/v1/runs/{runId}", runs.get_run, methods=["GET"]),
     Route("/v1/runs/{runId}/cancel", runs.cancel_run, methods=["POST"]),
+    Route("/v1/runs/{runId}/move", deployments.move_run, methods=["POST"]),
     Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
     Route("/v1/runs/{runId}/events", runs.list_events, methods=["GET"]),
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
