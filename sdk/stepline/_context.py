@@ -394,6 +394,7 @@ class Context:
                 f"patch ids are strings of 1 to {protocol.MAX_PATCH_ID} characters, "
                 f"not {patch_id!r}"
             )
+
     async def set_state(self, key: str, value: Any) -> None:
         """Publish ``value`` (JSON, at most 64 KiB) under ``key`` (1 to 128 of ``A-Z a-z 0-9 .
         _ : -``): clients read it with ``GET /v1/runs/{id}/state/{key}`` while the run goes
