@@ -8,6 +8,7 @@ return, so ``Client.get_run`` returns a dict and ``AsyncClient.get_run`` an awai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -19,10 +20,10 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from stepline import _http, _json
+from stepline import _http, _json, protocol
 from stepline._durations import Duration, parse_duration
 from stepline._errors import SteplineError
-from stepline._payloads import Codec, Payloads, S3Store
+from stepline._payloads import Codec, PayloadError, Payloads, S3Store
 
 UNAVAILABLE_PAUSE = 0.5
 """Seconds ``wait_run`` waits before asking again after ``503 unavailable``."""
@@ -92,6 +93,7 @@ class _Request:
     auth: bool = True
     read_timeout: float | None = None
     run: bool = False  # the answer is a run: decode its values (a client with a codec)
+    state: str | None = None  # the answer is one state value ("one") or a run's ("all")
 
 
 def _path(*segments: str) -> str:
@@ -178,6 +180,41 @@ class _Waiter:
         return run.get("status") in ENDED_STATUSES or _clock() >= self.deadline
 
 
+class _StateWaiter:
+    """The plan of ``get_state``: long polls of at most 60 s until the key is set or the wait
+    is spent."""
+
+    def __init__(self, run_id: str, key: str, wait: Duration | None) -> None:
+        problem = protocol.state_key_problem(key)
+        if problem is not None:
+            raise ValueError(problem)
+        self.path = _path("runs", run_id, "state", key)
+        self.deadline = _clock() + (0.0 if wait is None else parse_duration(wait))
+
+    def next_request(self) -> _Request:
+        wait = min(_MAX_WAIT, max(0.0, self.deadline - _clock()))
+        if wait <= 0:
+            return _Request("GET", self.path, state="one")
+        text = f"{int(wait)}s" if wait.is_integer() else f"{math.ceil(wait * 1000)}ms"
+        params = {"wait": text}
+        return _Request("GET", self.path, params, read_timeout=wait + _READ_MARGIN, state="one")
+
+    def again(self, exc: ApiError) -> bool:
+        """Whether to poll again after ``exc``: the key is not set yet, the run goes on and
+        the wait is not spent (or the orchestrator's database restarts)."""
+        if exc.status == 503:
+            return True
+        ended = exc.details.get("runStatus") in ENDED_STATUSES
+        return exc.status == 404 and "key" in exc.details and not ended and _clock() < self.deadline
+
+
+def _state_holders(answer: JSON, kind: str | None) -> list[tuple[JSON, str]]:
+    """Where the state values of an answer are: its ``value``, or each of its keys."""
+    if kind == "one":
+        return [(answer, "value")]
+    return [(answer, key) for key in answer] if kind == "all" else []
+
+
 class _Api(Generic[_D, _N, _I]):
     """Every endpoint, once; subclasses decide how a ``_Request`` is sent."""
 
@@ -259,6 +296,33 @@ class _Api(Generic[_D, _N, _I]):
         params = _params(takeOver="true" if take_over else None)
         return self._json(_Request("POST", _path("apps", id_or_slug, "sync"), params))
 
+    def list_deployments(self, id_or_slug: str) -> _D:
+        """The app's deployments, newest first: ``{"deployments": [...]}``."""
+        return self._json(_Request("GET", _path("apps", id_or_slug, "deployments")))
+
+    def create_deployment(
+        self, id_or_slug: str, url: str | None = None, *, deployment_id: str | None = None
+    ) -> _D:
+        """Register and sync another deployment of the app at ``url`` (a pull app: none, and
+        its ``deployment_id``); it becomes the current one, where new runs start."""
+        body = _compact(url=url, deploymentId=deployment_id)
+        return self._json(_Request("POST", _path("apps", id_or_slug, "deployments"), body=body))
+
+    def delete_deployment(
+        self, id_or_slug: str, deployment: str, *, move_to: str | None = None
+    ) -> _N:
+        """Delete a deployment of the app; refused (409) while runs are on it, unless
+        ``move_to="current"`` moves them to the current deployment first."""
+        params = _params(moveTo=move_to)
+        path = _path("apps", id_or_slug, "deployments", deployment)
+        return self._none(_Request("DELETE", path, params))
+
+    def move_run(self, run_id: str, deployment: str) -> _D:
+        """Move a run not ended to another deployment of its app (its id or deploymentId):
+        its next invocation goes there."""
+        body = {"deployment": deployment}
+        return self._json(_Request("POST", _path("runs", run_id, "move"), body=body))
+
     def list_workflows(self, *, limit: int | None = None, cursor: str | None = None) -> _D:
         """One page of registered workflows: ``{"workflows": [...], "nextCursor": ...}``."""
         return self._json(_Request("GET", _path("workflows"), _params(limit=limit, cursor=cursor)))
@@ -305,6 +369,11 @@ class _Api(Generic[_D, _N, _I]):
     def wait_run(self, run_id: str, timeout: Duration = 60) -> _D:
         """The run once it has ended, or as it is when ``timeout`` is spent."""
         return self._wait(_Waiter(run_id, timeout))
+
+    def get_all_state(self, run_id: str) -> _D:
+        """The state the run published (``ctx.set_state``): ``{key: value}``, each key's
+        current value."""
+        return self._json(_Request("GET", _path("runs", run_id, "state"), state="all"))
 
     def list_runs(self, *, cursor: str | None = None, **filters: Unpack[RunFilters]) -> _D:
         """One page of runs, newest first: ``{"runs": [...], "nextCursor": ...}``."""
@@ -467,12 +536,16 @@ class _Api(Generic[_D, _N, _I]):
         filter: Mapping[str, Any],
         *,
         from_step: str | None = None,
+        deployment: str | None = None,
         dry_run: bool = False,
     ) -> _D:
         """Cancel (``"cancel"``) or retry (``"retry"``, ``"retryFromStep"`` with ``from_step``)
-        every run ``filter`` matches: an operation, worked in the background; with ``dry_run``,
-        ``{"matched": n, "sample": [...]}`` and nothing changes."""
-        body = _compact(action=action, filter=dict(filter), fromStep=from_step)
+        every run ``filter`` matches, or move them (``"move"``) to ``deployment``: an operation,
+        worked in the background; with ``dry_run``, ``{"matched": n, "sample": [...]}`` and
+        nothing changes."""
+        body = _compact(
+            action=action, filter=dict(filter), fromStep=from_step, deployment=deployment
+        )
         if dry_run:
             body["dryRun"] = True
         return self._json(_Request("POST", _path("runs", "bulk"), body=body))
@@ -596,7 +669,25 @@ class Client(_Api[JSON, None, Iterator[JSON]]):
 
     def _json(self, req: _Request) -> JSON:
         answer = cast(JSON, _decode(self._http.send(self._build(req))) or {})
+        for holder, name in _state_holders(answer, req.state):
+            if self._payloads.active and protocol.envelope_kind(holder[name]) is not None:
+                with contextlib.suppress(PayloadError, OSError):
+                    holder[name] = self._payloads.decode_sync(holder[name])
         return self._payloads.open_run_sync(answer) if req.run else answer
+
+    def get_state(self, run_id: str, key: str, *, wait: Duration | None = None) -> Any:
+        """The current value of the run's state ``key``; with ``wait`` (a duration), waits
+        that long at most for the key to be set. Raises :class:`ApiError` (``404``) when the
+        run has no such key (after the wait; at once when the run has ended)."""
+        waiter = _StateWaiter(run_id, key, wait)
+        while True:
+            try:
+                return self._json(waiter.next_request())["value"]
+            except ApiError as exc:
+                if not waiter.again(exc):
+                    raise
+                if exc.status == 503:
+                    time.sleep(UNAVAILABLE_PAUSE)
 
     def _none(self, req: _Request) -> None:
         _decode(self._http.send(self._build(req)))
@@ -691,7 +782,23 @@ class AsyncClient(_Api[Awaitable[JSON], Awaitable[None], AsyncIterator[JSON]]):
 
     async def _json(self, req: _Request) -> JSON:
         answer = cast(JSON, await self._send(req) or {})
+        for holder, name in _state_holders(answer, req.state):
+            if self._payloads.active and protocol.envelope_kind(holder[name]) is not None:
+                with contextlib.suppress(PayloadError, OSError):
+                    holder[name] = await self._payloads.decode(holder[name])
         return cast(JSON, await self._payloads.open_run(answer)) if req.run else answer
+
+    async def get_state(self, run_id: str, key: str, *, wait: Duration | None = None) -> Any:
+        """:meth:`Client.get_state`, without blocking."""
+        waiter = _StateWaiter(run_id, key, wait)
+        while True:
+            try:
+                return (await self._json(waiter.next_request()))["value"]
+            except ApiError as exc:
+                if not waiter.again(exc):
+                    raise
+                if exc.status == 503:
+                    await asyncio.sleep(UNAVAILABLE_PAUSE)
 
     async def _none(self, req: _Request) -> None:
         await self._send(req)

@@ -27,6 +27,7 @@ from stepline._errors import (
     ChildWorkflowFailed,
     DuplicateStepError,
     NondeterminismError,
+    StateError,
     StepFailed,
     SteplineError,
     _ContinueAsNew,
@@ -60,6 +61,22 @@ _last_recorded: contextvars.ContextVar[tuple[Context, protocol.StepRecord] | Non
 _live: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "stepline_live", default=None
 )
+
+
+def _split(
+    steps: list[protocol.StepRecord],
+) -> tuple[dict[str, protocol.StepRecord], dict[str, protocol.StepRecord]]:
+    """A history's steps by name, in recorded order, and apart from them its patch markers by
+    patch id: a marker is never met as a step, so it is never expected nor skipped."""
+    records: dict[str, protocol.StepRecord] = {}
+    markers: dict[str, protocol.StepRecord] = {}
+    for record in sorted(steps, key=lambda s: s.position):
+        patch = protocol.patch_of(record)
+        if patch is None:
+            records[record.name] = record
+        else:
+            markers[patch] = record
+    return records, markers
 
 
 @dataclass(eq=False)
@@ -106,8 +123,18 @@ class Context:
         self.generation = request.generation
         """Counts from 1; each :meth:`continue_as_new` starts the next."""
         self.retries = definition.retries
-        records = sorted(request.steps, key=lambda s: s.position)
-        self._records = {record.name: record for record in records}
+        self._records, self._markers = _split(request.steps)
+        self._patches: dict[str, bool] = {}  # each patch's answer in this execution, by id
+        self.unpatched: frozenset[str] = frozenset()
+        """Patches this execution answers ``False`` without looking (``stepline.testing``
+        runs a workflow as a run from before them)."""
+        self._orchestrator_protocol = request.protocol_version
+        self._state_sets: dict[str, int] = {}  # ctx.set_state calls met so far, by key
+        # The state keys this generation recorded and set: a new one past the limit is refused
+        # here (the orchestrator also counts the keys of earlier generations).
+        self._state_keys = {
+            protocol.state_key_of(r.name) for r in request.steps if r.kind is StepKind.STATE
+        }
         self._reached: set[str] = set()
         self._furthest = -1  # the highest position of a recorded step this execution reached
         self._fresh: list[_Op] = []
@@ -326,6 +353,100 @@ class Context:
             record, name, StepKind.INVOKE, Action.INVOKE, workflow=workflow, input=payload
         )
 
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the code of the patch ``patch_id``: ``True`` in a run that
+        reaches this point with it for the first time (a marker is recorded in the run's
+        history, ``patch.recorded``) and on that run's replays; ``False`` in a run whose
+        history passed this point before the patch existed (recorded steps lie beyond it and
+        no marker), on every replay. The same answer for every call in one run."""
+        self._patch_call(patch_id)
+        if patch_id in self._patches:
+            return self._patches[patch_id]
+        name = protocol.patch_step_name(patch_id)
+        if patch_id in self._markers:
+            decided = True
+        elif patch_id in self.unpatched or self.unreached():
+            # Old code passed here: the marker's place, the next position, holds another step.
+            decided = False
+        else:
+            decided = True
+            self._add(name, StepKind.VALUE, Action.COMPLETE, output=True, patch=patch_id)
+        self._patches[patch_id] = decided
+        if decided:
+            self._reached.add(name)
+        return decided
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Say the patch ``patch_id`` is part of the code for good (call it where
+        :meth:`patched` was, once no run without its marker is left): records nothing, and a
+        run that has the marker replays without it."""
+        self._patch_call(patch_id)
+        if patch_id in self._markers:
+            self._reached.add(protocol.patch_step_name(patch_id))
+        self._patches.setdefault(patch_id, True)
+
+    def _patch_call(self, patch_id: str) -> None:
+        if self.closed:
+            raise _Suspended()
+        self.activity += 1
+        if not isinstance(patch_id, str) or not 1 <= len(patch_id) <= protocol.MAX_PATCH_ID:
+            raise ValueError(
+                f"patch ids are strings of 1 to {protocol.MAX_PATCH_ID} characters, "
+                f"not {patch_id!r}"
+            )
+
+    async def set_state(self, key: str, value: Any) -> None:
+        """Publish ``value`` (JSON, at most 64 KiB) under ``key`` (1 to 128 of ``A-Z a-z 0-9 .
+        _ : -``): clients read it with ``GET /v1/runs/{id}/state/{key}`` while the run goes
+        on. Recorded once per call, like a step (a replay records nothing); setting the key
+        again later overwrites its current value. Raises :class:`~stepline.StateError` before
+        anything is sent when the key or value is refused, or when the orchestrator is too
+        old to record state."""
+        problem = protocol.state_key_problem(key)
+        if problem is not None:
+            raise StateError(problem, "state_key_invalid", key)
+        n = self._state_sets.get(key, 0) + 1
+        self._state_sets[key] = n
+        name = protocol.state_step_name(key, n)
+        record = self._enter(name, StepKind.STATE)
+        if record is not None and record.status is StepStatus.COMPLETED:
+            return  # recorded by an earlier invocation: never sent again
+        if record is not None and record.status is StepStatus.FAILED:
+            raise StepFailed.from_info(name, self._error(record))  # the orchestrator refused it
+        self._replay_or_new(record)
+        try:
+            plain, size = _json.round_trip(value)
+        except (TypeError, ValueError) as exc:
+            raise StateError(
+                f"the value of state {key!r} is not JSON serialisable: {exc}", "state_not_json", key
+            ) from None
+        if size > protocol.MAX_STATE_BYTES:
+            raise StateError(
+                f"the value of state {key!r} is {size} bytes of JSON, over the "
+                f"{protocol.MAX_STATE_BYTES // 1024} KiB limit",
+                "state_too_large",
+                key,
+            )
+        if key not in self._state_keys and len(self._state_keys) >= protocol.MAX_STATE_KEYS:
+            raise StateError(
+                f"state {key!r} was not set: a run publishes at most {protocol.MAX_STATE_KEYS} "
+                "keys",
+                "state_keys_exceeded",
+                key,
+            )
+        version = self._orchestrator_protocol
+        if version is None or version < protocol.STATE_PROTOCOL_VERSION:
+            raise StateError(
+                f"the orchestrator speaks protocol {version or 'before 4'}; ctx.set_state needs "
+                f"protocol {protocol.STATE_PROTOCOL_VERSION} (upgrade the orchestrator)",
+                "state_not_supported",
+                key,
+            )
+        if self._payloads is not None:
+            plain = (await self._payloads.encode(plain, self.run_id))[0]
+        self._state_keys.add(key)
+        self._add(name, StepKind.STATE, Action.COMPLETE, output=plain, key=key)
+
     def continue_as_new(self, input: Any = None) -> NoReturn:
         """End this generation of the run and start it over with ``input`` and an empty
         history, under the same run id (the run's history keeps what happened). Raises out of
@@ -404,6 +525,11 @@ class Context:
         self.activity += 1
         if not isinstance(name, str) or not 1 <= len(name) <= 256:
             raise ValueError(f"step names are strings of 1 to 256 characters, not {name!r}")
+        if name.startswith(protocol.PATCH_STEP_PREFIX):
+            raise ValueError(
+                f"step names beginning {protocol.PATCH_STEP_PREFIX!r} mark patches "
+                f"(ctx.patched), not {name!r}"
+            )
         if name in self._reached:
             raise self.fail_run(DuplicateStepError(name))
         self._reached.add(name)
@@ -549,11 +675,16 @@ class Context:
         run slept is seen when the workflow awaits it), its attempt, a log buffer of its own
         (each invocation's lines are capped and sent as one invocation's), and only the futures
         still pending."""
-        self._records = {r.name: r for r in sorted(request.steps, key=lambda s: s.position)}
+        self._records, self._markers = _split(request.steps)
         self.attempt = request.attempt
+        self._orchestrator_protocol = request.protocol_version
         self.logs = LogBuffer()
         self.log.rebind(self.logs)
         self.forget_done()
+
+    def patch_answers(self) -> dict[str, bool]:
+        """What :meth:`patched` answered in this execution, by patch id."""
+        return dict(self._patches)
 
     def reached(self, name: str) -> bool:
         """Whether this execution met the step ``name``."""

@@ -11,6 +11,7 @@ The tree::
     ├── StepFailed              a step failed for good (terminal error or attempts spent)
     ├── NondeterminismError     the code no longer matches the recorded history
     ├── DuplicateStepError      two steps of one run share a name (also a ValueError)
+    ├── StateError              ctx.set_state refused: bad key, value too large, no support
     └── SignatureError          a request's Stepline-Signature did not verify
 
     _Suspended (BaseException)  internal: ends an execution; never catch it
@@ -143,6 +144,17 @@ class DuplicateStepError(SteplineError, ValueError):
         self.step = step
 
 
+class StateError(SteplineError, ValueError):
+    """``ctx.set_state`` refused a key or value (raised before anything is sent) or the
+    orchestrator cannot record state; ``code`` says which: ``state_key_invalid``,
+    ``state_too_large``, ``state_not_json``, ``state_keys_exceeded``, ``state_not_supported``."""
+
+    def __init__(self, message: str, code: str, key: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.key = key
+
+
 class SignatureError(SteplineError):
     """A request's signature is missing, malformed, forged or too old."""
 
@@ -245,7 +257,7 @@ def error_info(exc: BaseException, default_code: str = STEP_FAILED) -> protocol.
     code = default_code
     if isinstance(exc, TerminalError):
         code = exc.code or "terminal"
-    elif isinstance(exc, NondeterminismError | DuplicateStepError):
+    elif isinstance(exc, NondeterminismError | DuplicateStepError | StateError):
         code = exc.code
     elif isinstance(exc, ChildWorkflowFailed):
         code = exc.error.code or "child_failed"

@@ -55,6 +55,9 @@ class Replay:
     passed: list[str] = field(default_factory=list)  # recorded before a reached one, not met
     ahead: list[str] = field(default_factory=list)  # recorded after every reached one, not met
     next: list[tuple[str, StepKind]] = field(default_factory=list)  # new operations, in order
+    # Each patch the code asked about (ctx.patched), by id: True when the run takes its code
+    # (its marker is recorded, or would be now), False when it is a run from before it.
+    patches: dict[str, bool] = field(default_factory=dict)
     error: protocol.ErrorInfo | None = None  # what the run would fail with, or the code raised
     difference: Difference | None = None
 
@@ -143,6 +146,9 @@ class _ReplayInvocation(Invocation):
         self.stopped_at: list[_Op] = []
 
     async def _dispatch(self, fresh: list[_Op]) -> None:
+        if all(op.update.patch is not None for op in fresh):
+            self.buffer.extend(op.update for op in fresh)  # answers, not operations: go on
+            return
         self.stopped_at = fresh
         raise _Stop()
 
@@ -175,7 +181,10 @@ async def replay(
     """Replay the run ``request`` carries against ``definition`` without running any step;
     ``payloads``: the app's codec and store, which decode what it recorded encoded."""
     invocation = _ReplayInvocation(definition, request, payloads)
-    history = sorted(request.steps, key=lambda s: s.position)
+    # Patch markers are not steps the code meets: they answer ctx.patched.
+    history = [
+        r for r in sorted(request.steps, key=lambda s: s.position) if protocol.patch_of(r) is None
+    ]
     try:
         answer = await asyncio.wait_for(invocation.run(), timeout)
     except _Stop:
@@ -199,7 +208,8 @@ async def replay(
         InvokeStatus.COMPLETED: End.RETURNED,
         InvokeStatus.CANCELLED: End.CANCELLED,
     }.get(answer.status, End.RAISED)
-    values = [(u.name, u.kind) for u in answer.updates]  # new values the workflow made
+    # new values the workflow made (a patch marker is an answer, not an operation)
+    values = [(u.name, u.kind) for u in answer.updates if u.patch is None]
     return _outcome(end, invocation, history, error=answer.error, values=values)
 
 
@@ -215,7 +225,8 @@ def _outcome(
 ) -> Replay:
     ctx = invocation.ctx
     recorded = {r.name for r in history}
-    nxt = [(op.name, op.update.kind) for op in next_ops or []] + (values or [])
+    nxt = [(op.name, op.update.kind) for op in next_ops or [] if op.update.patch is None]
+    nxt += values or []
     return Replay(
         end=end,
         history=history,
@@ -225,6 +236,7 @@ def _outcome(
         next=nxt,
         error=error,
         difference=diff,
+        patches=ctx.patch_answers(),
     )
 
 
@@ -264,6 +276,14 @@ def difference(
 
 def _names(names: list[str]) -> str:
     return ", ".join(repr(n) for n in names)
+
+
+def _patches(r: Replay) -> str:
+    """Which code of each patch the run takes, for people ("" when the code has none)."""
+    return "".join(
+        f"; patch {p!r}: {'new code' if taken else 'old code (a run from before it)'}"
+        for p, taken in r.patches.items()
+    )
 
 
 def _where(r: Replay) -> str:
@@ -313,7 +333,7 @@ def judge(r: Replay, run_status: str, input: Any = None) -> Verdict:
         return Verdict("warn", f"{count}; the replay did not end within {REPLAY_TIMEOUT:g}s "
                        "(the workflow awaits something other than ctx)")  # fmt: skip
     unreached = r.passed + r.ahead
-    summary = f"{count}; {_where(r)}"
+    summary = f"{count}; {_where(r)}{_patches(r)}"
     if r.end is End.WAITING and r.ahead:
         # Only parallel branches get here: a branch's recorded steps are missing while another
         # waits. Safe only if the code makes no new step before the run ends.

@@ -37,7 +37,10 @@ class Worker:
     environment (``write`` or ``admin``); ``wait``: how long each poll waits (seconds);
     ``drain``: how long :meth:`stop` lets the invocations running finish (seconds);
     ``take_over``: its sync moves to the app the workflows another app registered (it is
-    refused otherwise)."""
+    refused otherwise); ``deployment``: the app's deployment it runs (its ``deploymentId``,
+    registered with ``POST /v1/apps/{app}/deployments``): it gets only the runs on that
+    deployment, and its sync records nothing unless that deployment is the current one
+    (None: the app's current deployment, whichever it is)."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class Worker:
         drain: float = 30.0,
         name: str | None = None,
         take_over: bool = False,
+        deployment: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -63,6 +67,7 @@ class Worker:
         self._http = httpx.AsyncClient(base_url=self.url, timeout=30.0)
         self.drain = drain
         self.take_over = take_over
+        self.deployment = deployment
         self._active: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self.invoked = 0  # invocations this worker has run
@@ -77,7 +82,7 @@ class Worker:
             f"/v1/apps/{self.app}/sync",
             content=body,
             headers=self._headers(self._key),
-            params={"takeOver": "true"} if self.take_over else None,
+            params=self._params({"takeOver": "true"} if self.take_over else {}),
         )
         if answer.status_code != 200:
             raise WorkerError(f"the sync was refused (HTTP {answer.status_code}): {answer.text}")
@@ -145,7 +150,7 @@ class Worker:
     async def _poll(self, limit: int) -> protocol.PollResponse | None:
         answer = await self._http.post(
             f"/v1/apps/{self.app}/poll",
-            params={"wait": f"{self.wait}s", "limit": str(limit)},
+            params=self._params({"wait": f"{self.wait}s", "limit": str(limit)}),
             headers=self._headers(self._key),
             timeout=self.wait + 30.0,
         )
@@ -232,6 +237,12 @@ class Worker:
             # The poll's invocations carry history deltas only to a worker that reads them.
             "Stepline-Protocol": str(protocol.PROTOCOL_VERSION),
         }
+
+    def _params(self, params: dict[str, str]) -> dict[str, str]:
+        """A request's query, with the deployment the worker runs when it declares one."""
+        if self.deployment:
+            params["deployment"] = self.deployment
+        return params
 
     async def aclose(self) -> None:
         """Close the worker's connections."""

@@ -26,6 +26,7 @@ Both sides import these models, so a change here changes both ends at once.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 SIGNATURE_HEADER = "stepline-signature"
 """Header carrying ``t=<unix seconds>,v1=<hex hmac>[,v1=<hex hmac>...]``."""
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The newest protocol version both ends speak; an app declares its own in ``describe``
 (``protocolVersion``), and in every answer to ``invoke``:
 
@@ -44,7 +45,13 @@ PROTOCOL_VERSION = 3
 - 3: such a delta comes as ``"steps": {"historyBase": ..., "changes": [...]}``, which an SDK of
   an older version refuses (``422``) before running anything, and each answer to ``invoke``
   declares ``protocolVersion``: a delta goes to a run only after an answer of this version.
+- 4: published state: a step of kind ``state`` (``ctx.set_state``), and each ``invoke``
+  declares the orchestrator's ``protocolVersion``, so an SDK knows whether it may send one.
 """
+
+STATE_PROTOCOL_VERSION = 4
+"""The oldest protocol version of an orchestrator that records ``state`` steps: an SDK invoked
+by one that declares an older version (or none) refuses ``ctx.set_state`` before sending it."""
 
 DELTAS_PROTOCOL_VERSION = 3
 """The oldest protocol version the orchestrator sends history deltas to (in the form above)."""
@@ -56,6 +63,41 @@ PROTOCOL_HEADER = "stepline-protocol"
 """Header on every answer of the SDK's handler (its protocol version): the orchestrator
 quotes an answer's error only when it carries this, so a URL pointing at another service
 never gets that service's answers reported back."""
+
+MAX_STATE_BYTES = 64 * 1024
+"""A published state value's JSON is at most this many bytes (as the workflow gives it)."""
+MAX_STATE_STORED_BYTES = 96 * 1024
+"""What the orchestrator stores of a state value at most: its JSON, or the envelope of an app
+that encrypts or stores its values (base64 makes an encrypted 64 KiB value larger)."""
+MAX_STATE_KEYS = 100
+"""A run publishes at most this many distinct state keys (setting a key again is free)."""
+STATE_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+"""What a state key looks like: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
+_STATE_KEY = re.compile(STATE_KEY_PATTERN)
+
+
+def state_key_problem(key: Any) -> str | None:
+    """Why ``key`` is not a state key (None when it is one)."""
+    if not isinstance(key, str):
+        return f"a state key is a string, not {type(key).__name__}"
+    if not _STATE_KEY.fullmatch(key):
+        return (
+            f"state key {key[:140]!r} is not 1 to 128 characters of letters, digits and "
+            "'.', '_', ':', '-'"
+        )
+    return None
+
+
+def state_step_name(key: str, n: int) -> str:
+    """The name of the step that records the ``n``-th (from 1) ``ctx.set_state`` of ``key`` in
+    a run's generation: ``$state:progress``, then ``$state:progress#2``..."""
+    return f"$state:{key}" if n <= 1 else f"$state:{key}#{n}"
+
+
+def state_key_of(step_name: str) -> str:
+    """The key a state step's name (:func:`state_step_name`) sets."""
+    return step_name.removeprefix("$state:").partition("#")[0]
+
 
 INLINE_RESULT_BYTES = 256 * 1024
 """Step results whose JSON is larger than this travel in an invocation as an :class:`OutputRef`."""
@@ -117,6 +159,29 @@ class StepKind(StrEnum):
     CALLBACK = "callback"  # a signed URL someone POSTs to
     EVENT = "event"  # waits for POST /v1/events
     INVOKE = "invoke"  # a child workflow run
+    STATE = "state"  # ctx.set_state: a value published under a key (protocol 4)
+
+
+PATCH_STEP_PREFIX = "$patch:"
+"""How the name of a patch marker begins (``$patch:fix-tax`` for ``ctx.patched("fix-tax")``): a
+``value`` step, so an orchestrator of any version records it; its update carries ``patch``, from
+which an orchestrator that knows patches writes ``patch.recorded`` to the run's history. Workflow
+code cannot name its own steps so."""
+
+MAX_PATCH_ID = 200
+"""A patch id is a string of 1 to this many characters."""
+
+
+def patch_step_name(patch_id: str) -> str:
+    """The name of the step that marks the patch ``patch_id`` in a run's history."""
+    return PATCH_STEP_PREFIX + patch_id
+
+
+def patch_of(record: StepRecord) -> str | None:
+    """The patch a recorded step marks, or None when it is not a patch marker."""
+    if record.kind is StepKind.VALUE and record.name.startswith(PATCH_STEP_PREFIX):
+        return record.name[len(PATCH_STEP_PREFIX) :] or None
+    return None
 
 
 class StepStatus(StrEnum):
@@ -135,7 +200,7 @@ class Action(StrEnum):
     """What a :class:`StepUpdate` reports."""
 
     START = "start"  # a run step is about to execute (attempt given)
-    COMPLETE = "complete"  # a run or value step's result (output)
+    COMPLETE = "complete"  # a run or value step's result (output); a state step's value
     FAIL = "fail"  # a run step failed for good (error)
     RETRY = "retry"  # a run step attempt failed; retry after delayMs (error)
     SLEEP = "sleep"  # start a sleep of delayMs
@@ -214,6 +279,9 @@ class InvokeRequest(_Model):
     """Set when ``steps`` holds only what changed since the history invocation ``historyBase``
     brought (the steps written since, the open ones, those just settled): the SDK lays them
     over that history, or fetches the whole one when it did not keep it."""
+    protocol_version: int | None = Field(default=None, alias="protocolVersion", ge=1)
+    """The orchestrator's protocol version (:data:`PROTOCOL_VERSION`); None: an orchestrator
+    from before invocations declared it (it knows no ``state`` steps)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -347,6 +415,10 @@ class StepUpdate(_Model):
     match: dict[str, Any] | None = None
     workflow: str | None = None
     input: Any = None
+    # complete (value): the step marks the patch of this id (ctx.patched); the orchestrator
+    # records ``patch.recorded``, one that does not know patches a plain value step.
+    patch: str | None = Field(default=None, min_length=1, max_length=MAX_PATCH_ID)
+    key: str | None = None  # a state step's key
 
 
 class LogLine(_Model):

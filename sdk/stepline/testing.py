@@ -10,12 +10,16 @@ exactly as in production, so nondeterminism shows up here too. ``result.logs`` h
 log lines as the orchestrator would keep them (``ctx.log`` and the ``logging`` records of step
 executions, each once). ``ctx.continue_as_new`` starts the next generation with an empty
 history, as the orchestrator does.
+
+Patches (``ctx.patched``): a run here is a new run, which takes every patch's code and records
+its marker (``result.patches``); ``unpatched=["fix-tax"]`` runs it as a run from before that
+patch, which takes the old code (``ctx.patched("fix-tax")`` is ``False`` throughout).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +50,13 @@ class RunResult:
     logs: list[protocol.LogLine] = field(default_factory=list)
     """The run's log lines, in order (the cap of a run applies as on the orchestrator)."""
     logs_dropped: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    """The state the run published (``ctx.set_state``): each key's last value."""
+
+    @property
+    def patches(self) -> list[str]:
+        """The patches whose markers the run recorded (``ctx.patched`` answered ``True``)."""
+        return [p for r in self.steps.values() if (p := protocol.patch_of(r)) is not None]
 
 
 class _MemoryRun:
@@ -60,8 +71,10 @@ class _MemoryRun:
         callbacks: Mapping[str, Any],
         events: Mapping[str, Any],
         cancel_after: str | None,
+        unpatched: frozenset[str] = frozenset(),
     ) -> None:
         self.sl, self.workflow, self.input, self.run_id = sl, workflow, input, run_id
+        self.unpatched = unpatched
         self.callbacks, self.events, self.cancel_after = callbacks, events, cancel_after
         self.steps: dict[str, StepRecord] = {}
         self.waits: dict[str, StepUpdate] = {}
@@ -70,6 +83,7 @@ class _MemoryRun:
         self.logs: list[protocol.LogLine] = []
         self.logs_dropped = 0
         self.log_bytes = 0
+        self.state: dict[str, Any] = {}
 
     async def progress(
         self,
@@ -126,6 +140,8 @@ class _MemoryRun:
                 self.calls[u.name] += 1
             elif u.action is Action.COMPLETE:
                 record.status, record.output = StepStatus.COMPLETED, u.output
+                if u.kind is StepKind.STATE and u.key is not None:
+                    self.state[u.key] = u.output
             elif u.action is Action.FAIL:
                 record.status, record.error = StepStatus.FAILED, u.error
             elif u.action is Action.RETRY:
@@ -198,7 +214,7 @@ class _MemoryRun:
         wait = self.waits[record.name]
         child = await run(
             self.sl, wait.workflow or "", wait.input, callbacks=self.callbacks,
-            events=self.events, run_id=record.child_run_id,
+            events=self.events, run_id=record.child_run_id, unpatched=self.unpatched,
         )  # fmt: skip
         if child.status == "completed":
             record.status, record.output = StepStatus.COMPLETED, child.output
@@ -219,10 +235,13 @@ async def run(
     cancel_after: str | None = None,
     run_id: str | None = None,
     max_invocations: int = 1000,
+    unpatched: Collection[str] = (),
 ) -> RunResult:
     """Run ``workflow`` of ``sl`` to its end in memory; return a :class:`RunResult`.
 
     ``cancel_after``: request cancellation once that step has completed or failed.
+    ``unpatched``: run it as a run from before these patches (``ctx.patched`` answers
+    ``False`` for them, and no marker is recorded); its child runs too.
     """
     definition = sl.get(workflow)
     if definition is None:
@@ -230,7 +249,7 @@ async def run(
     input = _json.round_trip(input)[0]  # a model as its JSON, as the orchestrator sends it
     memory = _MemoryRun(
         sl, workflow, input, run_id or f"test-{workflow}", callbacks or {}, events or {},
-        cancel_after,
+        cancel_after, frozenset(unpatched),
     )  # fmt: skip
     generation = 1
     for number in range(1, max_invocations + 1):
@@ -238,9 +257,11 @@ async def run(
             runId=memory.run_id, workflow=workflow, input=input, invocationId=f"inv-{number}",
             token="test", apiUrl="memory://", cancelRequested=memory.cancel_requested,
             steps=[r.model_copy(deep=True) for r in memory.steps.values()],
-            generation=generation,
+            generation=generation, protocolVersion=protocol.PROTOCOL_VERSION,
         )  # fmt: skip
-        response = await Invocation(definition, request, memory).run()
+        invocation = Invocation(definition, request, memory)
+        invocation.ctx.unpatched = memory.unpatched
+        response = await invocation.run()
         memory.keep_logs(response.logs, response.logs_dropped)
         memory.apply(response.updates)
         if response.status is protocol.InvokeStatus.CONTINUED:
@@ -253,6 +274,7 @@ async def run(
                 run_id=memory.run_id, status=response.status.value, output=response.output,
                 error=response.error, steps=memory.steps, step_calls=memory.calls,
                 invocations=number, logs=memory.logs, logs_dropped=memory.logs_dropped,
+                state=memory.state,
             )  # fmt: skip
         if not await memory.advance():
             raise RuntimeError(f"run {memory.run_id} suspended with nothing to wait for")

@@ -4,13 +4,14 @@ app's worker sent), record what it hosts."""
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stepline.protocol import OLDEST_PROTOCOL_VERSION, DescribeResponse
 from stepline_server.engine import gathering
-from stepline_server.store import apps
-from stepline_server.store.db import Record
+from stepline_server.store import apps, deployments
+from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
     from stepline_server.orchestrator import Orchestrator
@@ -59,6 +60,44 @@ async def register(
 ) -> Synced:
     """Register the workflows ``described`` (a push app's describe answer, or what a pull
     app's worker sent) as ``row``'s; the same errors as :func:`sync`."""
+    workflows = workflows_of(described)
+    async with o.pool.acquire() as conn, conn.transaction():
+        return await _record(o, conn, row, described, workflows, take_over)
+
+
+async def deploy(
+    o: Orchestrator,
+    row: Record,
+    url: str,
+    deployment_id: str | None,
+    *,
+    take_over: bool = False,
+) -> tuple[uuid.UUID, Synced]:
+    """Sync push app ``row``'s new deployment at ``url`` (signed with the app's secrets) and,
+    in the same transaction, register it as the app's current deployment (going by
+    ``deployment_id``, else by the id it answers) with the workflows it hosts: a changed
+    definition makes the environment's next definitions version, as any sync does. Runs
+    already started stay on their deployments. The same errors as :func:`sync`, and
+    :class:`~stepline_server.store.deployments.Taken`; nothing changes on any error."""
+    result = await o.caller.describe(url, list(row["signing_secrets"]))
+    if not result.ok or not isinstance(result.response, DescribeResponse):
+        raise SyncFailed(f"could not sync the app at {url}: {result.reason}")
+    described = result.response
+    workflows = workflows_of(described)
+    async with o.pool.acquire() as conn, conn.transaction():
+        ident = await deployments.create(
+            conn,
+            row["id"],
+            url,
+            deployment_id or described.deployment_id,
+            given=deployment_id is not None,
+        )
+        return ident, await _record(o, conn, row, described, workflows, take_over)
+
+
+def workflows_of(described: DescribeResponse) -> list[tuple[str, dict[str, Any]]]:
+    """The workflows an app described, with their options; :class:`SyncFailed` when one
+    cannot be registered."""
     workflows = []
     for wf in described.workflows:
         if not _NAME.fullmatch(wf.name):
@@ -77,15 +116,26 @@ async def register(
                 {f"workflows.{wf.name}.{f}": w for f, w in problems.items()},
             )
         workflows.append((wf.name, options))
-    async with o.pool.acquire() as conn, conn.transaction():
-        recorded = await apps.record_sync(
-            conn,
-            row,
-            workflows,
-            described.deployment_id,
-            protocol_version=described.protocol_version or OLDEST_PROTOCOL_VERSION,
-            sdk_version=described.sdk_version,
-            take_over=take_over,
-        )
-        await o.after_sync(conn, recorded.app, described)
+    return workflows
+
+
+async def _record(
+    o: Orchestrator,
+    conn: Conn,
+    row: Record,
+    described: DescribeResponse,
+    workflows: list[tuple[str, dict[str, Any]]],
+    take_over: bool,
+) -> Synced:
+    """Record a sync's workflows in the caller's transaction."""
+    recorded = await apps.record_sync(
+        conn,
+        row,
+        workflows,
+        described.deployment_id,
+        protocol_version=described.protocol_version or OLDEST_PROTOCOL_VERSION,
+        sdk_version=described.sdk_version,
+        take_over=take_over,
+    )
+    await o.after_sync(conn, recorded.app, described)
     return Synced(recorded.app, workflows, recorded.moved)

@@ -68,6 +68,7 @@ class Orchestrator:
         self.alerts: AlertDelivery
         self.supervisor = Supervisor()
         self.waiters = RunWaiters()
+        self.state_waiters = RunWaiters()  # long polls on a run's published state
         self.metrics = Metrics()
 
     async def start(self) -> None:
@@ -148,11 +149,17 @@ class Orchestrator:
                     self.dsn,
                     self.dispatcher.wake,
                     self.waiters.ended,
-                    on_connected=self.waiters.wake_all,
+                    on_connected=self._listening,
                     on_schedule=self.scheduler.wake,
+                    on_state=self.state_waiters.ended,
                 ),
             )
             self.supervisor.start()
+
+    def _listening(self) -> None:
+        """The listener (re)connected: what it missed is unknown, so every long poll looks."""
+        self.waiters.wake_all()
+        self.state_waiters.wake_all()
 
     def sample(self) -> None:
         """Set this process's gauges (in flight, pool use) as they are now."""

@@ -40,6 +40,20 @@ def app(row: Record, *, secret: bool = False) -> dict[str, Any]:
     return data
 
 
+def deployment(row: Record) -> dict[str, Any]:
+    """One deployment of an app, with how many runs not ended are on it (when counted)."""
+    data: dict[str, Any] = {
+        "id": str(row["id"]),
+        "deploymentId": row["deployment_id"],
+        "url": row["url"],
+        "current": row["current"],
+        "createdAt": ts(row["created_at"]),
+    }
+    if "running_runs" in row:
+        data["runningRuns"] = row["running_runs"]
+    return data
+
+
 def workflow(row: Record) -> dict[str, Any]:
     options = row["options"] or {}
     return {
@@ -130,6 +144,8 @@ def run(
             and ready is not None
             and ready <= datetime.now(UTC)
         )
+    if "deployment" in row:  # the deployment the run is pinned to (invoked at)
+        data["deployment"] = str(row["deployment"]) if row["deployment"] else None
     if "deployment_id" in row:  # the run read alone: its last invocation's deployment
         data["deploymentId"] = row["deployment_id"]
     if steps is not None:
@@ -303,6 +319,7 @@ def operation(row: Record, errors: list[Record] | None = None) -> dict[str, Any]
         "action": row["action"],
         "filter": row["filter"],
         "fromStep": row["from_step"],
+        "deployment": str(row["deployment"]) if row["deployment"] else None,
         "status": row["status"],
         "matched": row["matched"],
         "succeeded": row["succeeded"],

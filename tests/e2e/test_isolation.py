@@ -34,6 +34,7 @@ NOT_BY_KEY = {
 # The owner walk's order: reads, then writes, then what ends or deletes a resource.
 LAST = [
     "cancelRun",
+    "deleteDeployment",
     "deleteSchedule",
     "deleteAlert",
     "revokeKey",
@@ -101,6 +102,11 @@ class Owner:
         sl.signing_secrets = (app["signingSecret"],)  # the app learns its secret, then syncs
         self.ids["app"] = app["slug"]
         await self._post(f"/v1/apps/{app['slug']}/sync", None)
+        # Two more deployments of the app: the runs start on the second (current), the first
+        # (deleted last) is left with none, and runs move to the second.
+        for name in ("deployment", "moveTo"):
+            made = await self._post(f"/v1/apps/{app['slug']}/deployments", {"url": self.app_url})
+            self.ids[name] = made["id"]
         pulled = await self._post("/v1/apps", {"name": "pulled", "kind": "pull"})
         self.ids["pullApp"] = pulled["slug"]
         for name in ("runId", "cancelRun"):
@@ -116,6 +122,7 @@ class Owner:
         self.ids["scheduleId"] = schedule["id"]
         key = await self._post("/v1/keys", {"name": "victim", "role": "read"})
         self.ids["keyId"] = key["id"]
+        self.ids["key"] = "progress"  # a state key the waiting runs set
         self.ids["name"] = "doomed"  # a workflow (pause, resume): its one run has ended
         op = await self._post(
             "/v1/runs/bulk",
@@ -146,7 +153,7 @@ class Owner:
     def request(self, op_id: str, method: str, path: str, op: dict[str, Any]) -> tuple[str, Any]:
         """The URL and body ``op_id`` is called with on the owner's resources."""
         params = dict(self.ids)
-        if op_id in ("retryRun", "cancelRun"):
+        if op_id in ("retryRun", "cancelRun", "moveRun"):  # moveRun: a run still waiting
             params["runId"] = self.ids["failedRun" if op_id == "retryRun" else "cancelRun"]
         if op_id == "pollInvocations":  # a pull app's, answered at once
             params["app"] = self.ids["pullApp"]
@@ -175,6 +182,8 @@ class Owner:
                 "destination": {"type": "webhook", "url": self.app_url},
             },
             "updateAlert": {"name": "renamed"},
+            "createDeployment": {"url": self.app_url},
+            "moveRun": {"deployment": self.ids["moveTo"]},
         }
         return url, bodies.get(op_id, example(op))
 
@@ -196,6 +205,7 @@ def waiting_app() -> stepline.Stepline:
 
     @sl.workflow("waiter")
     async def waiter(ctx: stepline.Context, input: Any) -> Any:
+        await ctx.set_state("progress", {"done": 1})
         cb = await ctx.callback("answer")
         return await cb.wait()
 

@@ -216,6 +216,7 @@ async def test_filters_and_json_output(database_url: str, modules: Path) -> None
             "replayed": 2,
             "end": "waiting",
             "next": [],
+            "patches": {},
         }
 
         done = await replay_check(stack, modules, "flow_unchanged:sl", "--workflow", "restock")

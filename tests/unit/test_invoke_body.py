@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stepline.protocol import InvokeRequest, StepRecord, dump
+from stepline.protocol import PROTOCOL_VERSION, InvokeRequest, StepRecord, dump
 from stepline_server.invoke.body import invoke_body
 from stepline_server.invoke.urls import CallbackSigner
 from tests.claims import claim
@@ -61,6 +61,7 @@ def through_models(run: dict[str, Any], steps: list[dict[str, Any]], attempt: in
         attempt=attempt,
         cancelRequested=run["cancel_requested"],
         steps=records,
+        protocolVersion=PROTOCOL_VERSION,
     )
     body = dump(request)
     for row, step in zip(steps, body["steps"], strict=True):

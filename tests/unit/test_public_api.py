@@ -9,7 +9,7 @@ import stepline
 EXPECTED = {
     "ApiError", "AsyncClient", "Batch", "Callback", "CallbackTimeout", "Cancelled",
     "ChildWorkflowFailed", "Client", "Concurrency", "Context", "Debounce", "Encryption",
-    "NondeterminismError", "RateLimit", "S3Store",
+    "NondeterminismError", "RateLimit", "S3Store", "StateError",
     "Retries", "RetryableError", "StepFailed", "Stepline", "SteplineError", "TerminalError",
     "Worker",
     "__version__", "parse_duration", "protocol", "verify_webhook",

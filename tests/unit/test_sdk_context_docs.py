@@ -11,7 +11,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "context.md"
 
 ENGINE_ONLY = {
     "close", "fail_run", "forget_done", "inject_cancel", "next_invocation", "passed",
-    "pending_sleeps", "reached", "request_cancel", "take_fresh", "unreached",
+    "patch_answers", "pending_sleeps", "reached", "request_cancel", "take_fresh", "unreached",
 }  # fmt: skip
 """Public names the replay engine calls; a workflow has no use for them."""
 

@@ -168,6 +168,44 @@ def apps_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> i
     return 0
 
 
+def deployments_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    listed = c.list_deployments(a.app)
+    if a.json:
+        return output.as_json(listed, out)
+    rows = [
+        (
+            d["id"],
+            d.get("deploymentId") or "-",
+            d.get("url") or "-",
+            "yes" if d["current"] else "",
+            d.get("runningRuns", 0),
+        )
+        for d in listed["deployments"]
+    ]
+    output.table(["ID", "DEPLOYMENT", "URL", "CURRENT", "RUNNING"], rows, out)
+
+
+def deployments_create(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    d = c.create_deployment(a.app, a.app_url, deployment_id=a.deployment_id)
+    if a.json:
+        return output.as_json(d, out)
+    out.write(f"deployment {d['id']} ({d.get('deploymentId') or '-'}) is current\n")
+
+
+def deployments_delete(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    c.delete_deployment(a.app, a.id, move_to=a.move_to)
+    if a.json:
+        return output.as_json({"deleted": a.id}, out)
+    out.write(f"deployment {a.id} deleted\n")
+
+
+def runs_move(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    run = c.move_run(a.id, a.deployment)
+    if a.json:
+        return output.as_json(run, out)
+    out.write(f"run {run['id']} moved to deployment {run.get('deployment')}\n")
+
+
 def workflows_list(c: Client, a: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     page = c.list_workflows(limit=a.limit)
     if a.json:
@@ -325,6 +363,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = leaf(runs, "cancel", runs_cancel, "request a run's cancellation, or every matching run's")
     p.add_argument("id", nargs="?", help="the run (or filters instead: every run they match)")
     bulk.add_filter_flags(p)
+    p = leaf(runs, "move", runs_move, "move a run to another deployment of its app")
+    p.add_argument("id")
+    p.add_argument("deployment", help="the deployment's id or deploymentId")
     p = leaf(runs, "retry", runs_retry, "run a failed, cancelled or timed-out run again, or many")
     p.add_argument("id", nargs="?", help="the run (or filters instead: every run they match)")
     p.add_argument("--from-step", help="run this step and every step after it again")
@@ -374,6 +415,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="move here the workflows it hosts that another app registered (refused otherwise)",
     )
+    deps = apps.add_parser("deployments", help="an app's deployments: list, create, delete")
+    dg = deps.add_subparsers(dest="deployments_command", required=True)
+    p = leaf(dg, "list", deployments_list, "an app's deployments, newest first")
+    p.add_argument("app", help="the app's id, slug or name")
+    p = leaf(dg, "create", deployments_create, "register and sync a deployment; it becomes current")
+    p.add_argument("app", help="the app's id, slug or name")
+    p.add_argument("app_url", metavar="url", nargs="?", help="where it answers (a push app)")
+    p.add_argument("--deployment-id", help="the id it goes by (default: what the app answers)")
+    p = leaf(dg, "delete", deployments_delete, "delete a deployment (refused while runs are on it)")
+    p.add_argument("app", help="the app's id, slug or name")
+    p.add_argument("id", help="the deployment's id or deploymentId")
+    p.add_argument("--move-to", choices=["current"], help="move its runs to the current one first")
     p = leaf(apps, "delete", apps_delete, "remove an app (asks first on a terminal)")
     p.add_argument("app", help="the app's id, slug or name")
     p.add_argument("--yes", action="store_true", help="do not ask")

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from stepline import _replay
+from stepline import _replay, protocol
 from stepline._client import ApiError, AsyncClient
 from stepline._workflow import Stepline
 
@@ -127,7 +127,8 @@ async def check_run(client: AsyncClient, sl: Stepline, run: dict[str, Any]) -> d
         "runId": history["runId"],
         "workflow": history["workflow"],
         "status": history["status"],
-        "recorded": len(history.get("steps") or []),
+        # patch markers answer ctx.patched: they are not steps the code meets
+        "recorded": sum(1 for s in history.get("steps") or [] if not _is_marker(s)),
     }
     if definition is None:
         name = history["workflow"]
@@ -148,7 +149,15 @@ async def check_run(client: AsyncClient, sl: Stepline, run: dict[str, Any]) -> d
         "replayed": len(result.reached),
         "end": result.end.value,
         "next": [{"name": name, "kind": kind.value} for name, kind in result.next],
+        "patches": result.patches,
     }
+
+
+def _is_marker(step: dict[str, Any]) -> bool:
+    """Whether a recorded step (as the replay route answers it) is a patch marker."""
+    return step.get("kind") == "value" and str(step.get("name", "")).startswith(
+        protocol.PATCH_STEP_PREFIX
+    )
 
 
 def _verdict_json(v: _replay.Verdict) -> dict[str, Any]:

@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="move to this app the workflows it hosts that another app registered (its sync"
         " is refused otherwise)",
     )
+    p.add_argument(
+        "--deployment",
+        metavar="ID",
+        help="the app's deployment this worker runs (its deploymentId, registered with"
+        " stepline apps deployments create): it gets only the runs on it (default: the app's"
+        " current deployment)",
+    )
 
 
 def load(target: str) -> Stepline:
@@ -116,6 +123,7 @@ def run(a: argparse.Namespace) -> int:
         wait=a.wait,
         drain=a.drain,
         take_over=a.take_over,
+        deployment=a.deployment,
     )
     print(f"stepline worker: app {a.app}, polling {a.url}", file=sys.stderr, flush=True)
     try:

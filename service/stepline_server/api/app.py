@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Scope
 from stepline_server import authlimits, params, payloads
 from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
+from stepline_server.api import routes_deployments as deployments
 from stepline_server.api import routes_health as health
 from stepline_server.api import routes_operations as operations
 from stepline_server.api import routes_pause as pause
@@ -22,6 +23,7 @@ from stepline_server.api import routes_pull as pull
 from stepline_server.api import routes_results as results
 from stepline_server.api import routes_runs as runs
 from stepline_server.api import routes_schedules as schedules
+from stepline_server.api import routes_state as run_state
 from stepline_server.api import routes_tenancy as tenancy
 from stepline_server.api import routes_waits as waits
 from stepline_server.api.auth import KeyCache
@@ -61,6 +63,14 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
     Route("/v1/apps/{app}/sync", apps.sync_app, methods=["POST"]),
     Route("/v1/apps/{app}/rotate-secret", apps.rotate_secret, methods=["POST"]),
+    Route("/v1/apps/{app}/deployments", deployments.list_deployments, methods=["GET"]),
+    Route("/v1/apps/{app}/deployments", deployments.create_deployment, methods=["POST"]),
+    Route("/v1/apps/{app}/deployments/{deployment}", deployments.get_deployment, methods=["GET"]),
+    Route(
+        "/v1/apps/{app}/deployments/{deployment}",
+        deployments.delete_deployment,
+        methods=["DELETE"],
+    ),
     Route("/v1/apps/{app}/poll", pull.poll, methods=["POST"]),
     Route("/v1/apps/{app}/pause", pause.pause_app, methods=["POST"]),
     Route("/v1/apps/{app}/resume", pause.resume_app, methods=["POST"]),
@@ -72,11 +82,14 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/runs/bulk", operations.bulk_runs, methods=["POST"]),
     Route("/v1/runs/{runId}", runs.get_run, methods=["GET"]),
     Route("/v1/runs/{runId}/cancel", runs.cancel_run, methods=["POST"]),
+    Route("/v1/runs/{runId}/move", deployments.move_run, methods=["POST"]),
     Route("/v1/runs/{runId}/retry", runs.retry_run, methods=["POST"]),
     Route("/v1/runs/{runId}/events", runs.list_events, methods=["GET"]),
     Route("/v1/runs/{runId}/invocations", runs.list_invocations, methods=["GET"]),
     Route("/v1/runs/{runId}/logs", runs.list_logs, methods=["GET"]),
     Route("/v1/runs/{runId}/replay", runs.get_replay, methods=["GET"]),
+    Route("/v1/runs/{runId}/state", run_state.get_state, methods=["GET"]),
+    Route("/v1/runs/{runId}/state/{key}", run_state.get_state_key, methods=["GET"]),
     Route("/v1/operations", operations.list_operations, methods=["GET"]),
     Route("/v1/operations/{operationId}", operations.get_operation, methods=["GET"]),
     Route("/v1/operations/{operationId}/cancel", operations.cancel_operation, methods=["POST"]),

@@ -23,7 +23,7 @@ from stepline_server.api.responses import json_response, read_json, read_model, 
 from stepline_server.engine import egress
 from stepline_server.engine import pull as pull_rules
 from stepline_server.payloads import AppUrl
-from stepline_server.store import apps
+from stepline_server.store import apps, deployments
 from stepline_server.store.db import Record
 
 
@@ -57,7 +57,7 @@ async def _app(request: Request, *, role: str | None = None) -> Record:
     return row
 
 
-async def _check_egress(request: Request, url: str) -> None:
+async def check_egress(request: Request, url: str) -> None:
     """422 naming ``url`` when the egress rules refuse where it points (after DNS)."""
     refusal = await orch(request).caller.resolver.refusal(url)
     if refusal is not None:
@@ -72,7 +72,7 @@ async def create_app(request: Request) -> Response:
         field, message = problem
         raise ValidationFailed(f"invalid fields: {field}", {"fields": {field: message}})
     if body.url is not None:
-        await _check_egress(request, body.url)
+        await check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
         row = await apps.create(conn, pid, body.name, body.url, kind=body.kind)
     if row is None:
@@ -108,7 +108,7 @@ async def update_app(request: Request) -> Response:
         if row["kind"] == "pull":
             message = "a pull app has no URL: its workers poll the orchestrator"
             raise ValidationFailed("invalid fields: url", {"fields": {"url": message}})
-        await _check_egress(request, body.url)
+        await check_egress(request, body.url)
     async with orch(request).pool.acquire() as conn:
         try:
             updated = await apps.update(conn, row["project_id"], row["id"], body.url, body.name)
@@ -195,7 +195,8 @@ async def _sync_pushed(request: Request, row: Record, take_over: bool) -> appsyn
 
 
 async def _sync_pulled(request: Request, row: Record, take_over: bool) -> appsync.Synced:
-    """A pull app's sync: its worker sends the description the SDK's describe answers."""
+    """A pull app's sync: its worker sends the description the SDK's describe answers. A
+    worker declaring a deployment that is not the current one records nothing."""
     data = await read_json(request, allow_empty=True)
     if data is None:
         raise ValidationFailed(
@@ -204,8 +205,19 @@ async def _sync_pulled(request: Request, row: Record, take_over: bool) -> appsyn
         )
     if not isinstance(data, dict):
         raise ValidationFailed("the request body must be a JSON object")
+    declared = request.query_params.get("deployment") or None
+    old_deployment = False
+    if declared is not None:
+        async with orch(request).pool.acquire() as conn:
+            deployment = await deployments.get(conn, row["id"], declared)
+        if deployment is None:
+            raise NotFound(f"app {row['slug']} has no deployment {declared!r}: register it first")
+        old_deployment = not deployment["current"]
     try:
         described = DescribeResponse.model_validate(data)
+        if old_deployment:
+            # A worker of an older deployment: the app's workflows are the current one's.
+            return appsync.Synced(row, appsync.workflows_of(described), [])
         return await appsync.register(orch(request), row, described, take_over=take_over)
     except appsync.InvalidOptions as exc:
         raise ValidationFailed(str(exc), {"fields": exc.fields}) from None

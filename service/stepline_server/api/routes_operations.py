@@ -3,6 +3,7 @@ operations: list, read (with the first errors), cancel."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
-from stepline_server.store import apps, operations
+from stepline_server.store import apps, deployments, operations
 
 _TEXT = 256
 
@@ -42,9 +43,10 @@ class BulkFilter(BaseModel):
 class BulkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    action: Literal["cancel", "retry", "retryFromStep"]
+    action: Literal["cancel", "retry", "retryFromStep", "move"]
     filter: BulkFilter
     from_step: str | None = Field(default=None, alias="fromStep", min_length=1, max_length=256)
+    deployment: uuid.UUID | None = None
     dry_run: bool = Field(default=False, alias="dryRun", strict=True)
 
 
@@ -53,6 +55,7 @@ def _selection(body: BulkRequest) -> rules.Selection:
     f = body.filter
     try:
         rules.check_from_step(action, body.from_step)
+        rules.check_deployment(action, None if body.deployment is None else str(body.deployment))
         return rules.select(
             action,
             status=f.status,
@@ -66,7 +69,7 @@ def _selection(body: BulkRequest) -> rules.Selection:
             from_step=body.from_step,
         )
     except rules.FilterError as exc:
-        where = exc.field if exc.field == "fromStep" else f"filter.{exc.field}"
+        where = exc.field if exc.field in ("fromStep", "deployment") else f"filter.{exc.field}"
         raise ValidationFailed(str(exc), {"fields": {where: str(exc)}}) from None
 
 
@@ -89,6 +92,11 @@ async def bulk_runs(request: Request) -> Response:
                 message = f"no app with id, slug or name {selection.app!r}"
                 raise ValidationFailed(message, {"fields": {"filter.app": message}})
             app_id = app["id"]
+        if body.deployment is not None and not await deployments.in_environment(
+            conn, pid, body.deployment
+        ):
+            message = f"no deployment {body.deployment} in this environment"
+            raise ValidationFailed(message, {"fields": {"deployment": message}})
         if body.dry_run:
             matched, sample = await operations.match(
                 conn, pid, selection, app_id, rules.SAMPLE_SIZE
@@ -103,6 +111,7 @@ async def bulk_runs(request: Request) -> Response:
             {k: _times(v) for k, v in given.items()},
             selection,
             app_id,
+            body.deployment,
         )
     o.operations.wake()
     return json_response(serialize.operation(row), 202)

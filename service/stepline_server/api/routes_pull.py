@@ -16,6 +16,7 @@ from stepline_server.api import routes_apps
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
     InvalidState,
+    NotFound,
     StaleInvocation,
     ValidationFailed,
     from_validation,
@@ -24,6 +25,7 @@ from stepline_server.api.responses import json_response, read_json, read_model, 
 from stepline_server.api.routes_protocol import MAX_PROGRESS_BODY, authorize
 from stepline_server.engine import deltas
 from stepline_server.engine import pull as rules
+from stepline_server.store import deployments
 
 __all__ = ["answer", "heartbeat", "poll"]
 
@@ -37,8 +39,9 @@ class Heartbeat(BaseModel):
 
 async def poll(request: Request) -> Response:
     """Up to ``limit`` invocations of the pull app, each leased to the caller, after waiting
-    at most ``wait`` for one; ``204`` when none came. Each carries a history delta only when
-    the worker declared a protocol that reads them (``Stepline-Protocol``)."""
+    at most ``wait`` for one; ``204`` when none came. Only runs on the deployment the worker
+    declares (``?deployment=ID``; none: the app's current one). Each carries a history delta
+    only when the worker declared a protocol that reads them (``Stepline-Protocol``)."""
     row = await routes_apps.app_of(request)
     await refuse_body(request)
     try:
@@ -53,11 +56,26 @@ async def poll(request: Request) -> Response:
             {"kind": row["kind"]},
         )
     o = orch(request)
+    declared = request.query_params.get("deployment") or None
+    async with o.pool.acquire() as conn:
+        deployment = await deployments.for_worker(conn, row["id"], declared)
+    if deployment is None:
+        raise NotFound(
+            f"app {row['slug']} has no deployment {declared!r}: register it first"
+            " (POST /v1/apps/{app}/deployments)"
+        )
     gone = asyncio.Event()
     watch = asyncio.create_task(_until_disconnected(request.receive, gone))
     try:
         version = deltas.declared(request.headers.get(PROTOCOL_HEADER))
-        bodies = await o.pull.poll(row, limit, wait, gone, deltas=deltas.reads_deltas(version))
+        bodies = await o.pull.poll(
+            row,
+            limit,
+            wait,
+            gone,
+            deltas=deltas.reads_deltas(version),
+            deployment=deployment["id"] if declared else None,
+        )
     finally:
         watch.cancel()
     if not bodies:

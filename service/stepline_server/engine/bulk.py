@@ -15,10 +15,11 @@ class Action(StrEnum):
     CANCEL = "cancel"  # request cancellation of running runs
     RETRY = "retry"  # run failed, cancelled and timed-out runs again
     RETRY_FROM_STEP = "retryFromStep"  # the same, from a named step on
+    MOVE = "move"  # move runs not ended to another deployment of their app
 
 
 class Outcome(StrEnum):
-    SUCCEEDED = "succeeded"  # cancel requested, or run retried
+    SUCCEEDED = "succeeded"  # cancel requested, run retried, or run moved
     SKIPPED = "skipped"  # the run no longer qualified (it ended, it was retried, it is gone)
     FAILED = "failed"  # acting on it raised: the error is kept
 
@@ -49,6 +50,8 @@ def acts_on(action: Action) -> frozenset[str]:
     """The run statuses ``action`` acts on: a run in another status does not qualify."""
     if action is Action.CANCEL:
         return frozenset({rules.RunStatus.RUNNING.value})
+    if action is Action.MOVE:
+        return frozenset({rules.RunStatus.RUNNING.value, rules.RunStatus.CANCELLING.value})
     return frozenset(rules.RETRYABLE)
 
 
@@ -157,6 +160,14 @@ def check_from_step(action: Action, from_step: str | None) -> None:
         raise FilterError("fromStep", "retryFromStep needs fromStep: the step to run again from")
     if action is not Action.RETRY_FROM_STEP and from_step is not None:
         raise FilterError("fromStep", f"fromStep goes with retryFromStep, not {action.value}")
+
+
+def check_deployment(action: Action, deployment: str | None) -> None:
+    """``move`` needs ``deployment``; the other actions take none."""
+    if action is Action.MOVE and deployment is None:
+        raise FilterError("deployment", "move needs deployment: the deployment to move runs to")
+    if action is not Action.MOVE and deployment is not None:
+        raise FilterError("deployment", f"deployment goes with move, not {action.value}")
 
 
 def cancel_outcome(status: str | None) -> Outcome | None:

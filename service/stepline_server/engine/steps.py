@@ -6,16 +6,28 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepline.protocol import Action, LogLine, StepKind, StepStatus, StepUpdate
+from stepline.protocol import (
+    Action,
+    LogLine,
+    StepKind,
+    StepStatus,
+    StepUpdate,
+    patch_step_name,
+)
 from stepline_server.engine import error_codes, ids
 from stepline_server.engine import logs as run_logs
+from stepline_server.engine import state as run_state
 
 _NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
 
 # What each action means for the step row and which history event it appends.
 _ACTIONS: dict[Action, tuple[StepStatus, str, set[StepKind]]] = {
     Action.START: (StepStatus.RUNNING, "step.started", {StepKind.RUN}),
-    Action.COMPLETE: (StepStatus.COMPLETED, "step.completed", {StepKind.RUN, StepKind.VALUE}),
+    Action.COMPLETE: (
+        StepStatus.COMPLETED,
+        "step.completed",
+        {StepKind.RUN, StepKind.VALUE, StepKind.STATE},
+    ),
     Action.FAIL: (StepStatus.FAILED, "step.failed", {StepKind.RUN}),
     Action.RETRY: (StepStatus.RETRYING, "step.retrying", {StepKind.RUN}),
     Action.SLEEP: (StepStatus.SLEEPING, "step.sleeping", {StepKind.SLEEP}),
@@ -110,11 +122,31 @@ class Plan:
     event_waits: list[StepChange] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
     logs_dropped: int = 0
+    states: list[tuple[str, str]] = field(default_factory=list)
+    """The state sets to record, in order: (key, step name)."""
 
     @property
     def needs_transaction(self) -> bool:
         """More than the one progress statement is needed to apply this plan."""
-        return bool(self.children or self.event_waits)
+        return bool(self.children or self.event_waits or self.states)
+
+    def refuse_states(self, keys: set[str]) -> None:
+        """Record the sets of ``keys`` as failed steps (the run has too many keys already)."""
+        if not keys:
+            return
+        refused = {name: key for key, name in self.states if key in keys}
+        self.states = [(key, name) for key, name in self.states if key not in keys]
+        for change in self.changes:
+            if change.name in refused:
+                change.status, change.output = StepStatus.FAILED.value, None
+                change.error = run_state.too_many_keys(refused[change.name])
+        for event in self.events:
+            if event["step_name"] in refused and event["type"] == "state.set":
+                event["type"] = "step.failed"
+                event["data"] = {
+                    **event["data"],
+                    "error": run_state.too_many_keys(refused[event["step_name"]]),
+                }
 
 
 def plan_updates(
@@ -136,8 +168,14 @@ def plan_updates(
             raise InvalidUpdate(
                 f"step {u.name!r}: action {u.action} does not apply to kind {u.kind}"
             )
+        if u.kind is StepKind.STATE:
+            by_name[u.name] = _state_change(u, plan)
+            continue
         change = _change(run_id, u, status, generation)
         by_name[u.name] = change
+        if u.patch is not None:
+            plan.events.append(_patch_event(u))
+            continue
         plan.events.append(_event(event_type, u, change))
         if u.action is Action.CALLBACK:
             assert change.callback_id is not None
@@ -149,6 +187,25 @@ def plan_updates(
             plan.children.append(ChildStart(change.child_run_id, u.name, u.workflow, u.input))
     plan.changes = list(by_name.values())
     return plan
+
+
+def _state_change(u: StepUpdate, plan: Plan) -> StepChange:
+    """A ``ctx.set_state``: its step (the value as output) and a ``state.set`` event, or, when
+    the rules refuse it, a failed step whose error says why (no state is recorded)."""
+    refused = run_state.refusal(u)
+    data: dict[str, Any] = {"kind": u.kind.value, "key": u.key}
+    if refused is not None:
+        failed = {"type": "step.failed", "step_name": u.name, "data": data | {"error": refused}}
+        plan.events.append(failed)
+        return StepChange(
+            u.name, u.kind.value, StepStatus.FAILED.value, 1, error=refused, ended=True
+        )
+    assert u.key is not None  # refusal() checked it
+    plan.events.append({"type": "state.set", "step_name": u.name, "data": data})
+    plan.states.append((u.key, u.name))
+    return StepChange(
+        u.name, u.kind.value, StepStatus.COMPLETED.value, 1, output=u.output, ended=True
+    )
 
 
 def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> StepChange:
@@ -191,6 +248,20 @@ def _change(run_id: str, u: StepUpdate, status: StepStatus, generation: int) -> 
         event_name=u.event if u.action is Action.EVENT else None,
         match=u.match if u.action is Action.EVENT else None,
     )
+
+
+def _patch_event(u: StepUpdate) -> dict[str, Any]:
+    """``patch.recorded`` for the marker of a patch (``ctx.patched``): a completed value step
+    named after the patch."""
+    assert u.patch is not None
+    if u.kind is not StepKind.VALUE or u.action is not Action.COMPLETE:
+        raise InvalidUpdate(f"step {u.name!r}: a patch marker is a completed value step")
+    if u.name != patch_step_name(u.patch):
+        raise InvalidUpdate(
+            f"step {u.name!r}: the marker of patch {u.patch!r} is named "
+            f"{patch_step_name(u.patch)!r}"
+        )
+    return {"type": "patch.recorded", "step_name": u.name, "data": {"patch": u.patch}}
 
 
 def _event(event_type: str, u: StepUpdate, change: StepChange) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepline.protocol import INLINE_RESULT_BYTES
+from stepline.protocol import INLINE_RESULT_BYTES, PROTOCOL_VERSION
 from stepline_server.engine.transitions import Claim
 from stepline_server.invoke.urls import CallbackSigner
 
@@ -43,6 +43,7 @@ def invoke_body(
         "cancelRequested": run.cancel_requested,
         "steps": [step_json(s, api_url, signer) for s in steps],
         "generation": run.generation,
+        "protocolVersion": PROTOCOL_VERSION,  # so the SDK knows what it may send (state steps)
     }
     if history_base is not None:
         body["steps"] = {"historyBase": str(history_base), "changes": body["steps"]}

@@ -508,7 +508,7 @@ class Dispatcher:
         if not deployment_id or app_id is None or self._deployments.get(app_id) == deployment_id:
             return
         async with self.pool.acquire() as conn:
-            await apps.answered_with(conn, app_id, deployment_id)
+            await apps.answered_with(conn, app_id, deployment_id, claim.id)
         self._deployments[app_id] = deployment_id
 
     async def _record(self, claim: Claim, plan: Plan, outcome: transitions.Outcome) -> bool:

@@ -15,6 +15,7 @@ log = structlog.get_logger("stepline.listener")
 CHANNEL = "stepline_wake"
 ENDED_CHANNEL = "stepline_ended"
 SCHEDULE_CHANNEL = "stepline_schedule"  # a buffered schedule tick may start now
+STATE_CHANNEL = "stepline_state"  # a run published state (payload: its id)
 
 
 def _wake_callback(wake: Callable[[], None]) -> Callable[..., None]:
@@ -38,12 +39,14 @@ async def listen(
     *,
     on_connected: Callable[[], None] | None = None,
     on_schedule: Callable[[], None] | None = None,
+    on_state: Callable[[str], None] | None = None,
     retry_seconds: float = 1.0,
 ) -> None:
     """Call ``on_notify`` for every NOTIFY on the wake channel, ``on_ended`` with the id of
     every run that ended, ``on_schedule`` when a schedule came due early (its buffered tick
-    may start), ``on_connected`` each time it starts listening (what it missed while away is
-    unknown); loops still poll without them."""
+    may start), ``on_state`` with the id of every run that published state, ``on_connected``
+    each time it starts listening (what it missed while away is unknown); loops still poll
+    without them."""
     lost = False  # warned of this outage already: one warning, not one a try
     while True:
         conn = None
@@ -54,6 +57,8 @@ async def listen(
                 await conn.add_listener(ENDED_CHANNEL, _ended_callback(on_ended))
             if on_schedule is not None:
                 await conn.add_listener(SCHEDULE_CHANNEL, _wake_callback(on_schedule))
+            if on_state is not None:
+                await conn.add_listener(STATE_CHANNEL, _ended_callback(on_state))
             log.info("listener_connected")
             lost = False
             on_notify()  # anything that came due while we were away

@@ -32,7 +32,7 @@ import structlog
 
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import runs as run_rules
-from stepline_server.store import claims, operations, waits
+from stepline_server.store import claims, deployments, operations, waits
 from stepline_server.store.db import Conn, Pool, Record
 
 log = structlog.get_logger("stepline.operations")
@@ -185,6 +185,13 @@ class OperationsLoop:
                     if skip is not None:
                         return operations.Done(item.position, skip)
                     row = await waits.cancel(conn, op["project_id"], item.run_id, by=by)
+                elif action is rules.Action.MOVE:
+                    moved = await deployments.move_run(
+                        conn, op["project_id"], item.run_id, op["deployment"]
+                    )
+                    if not moved:  # ended, gone, or of another app than the deployment's
+                        return operations.Done(item.position, rules.Outcome.SKIPPED)
+                    row = {"id": item.run_id}
                 else:
                     row = await waits.retry(
                         conn,

@@ -56,12 +56,14 @@ class PullInvocations:
         gone: asyncio.Event | None = None,
         *,
         deltas: bool = True,
+        deployment: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         """The invoke bodies of up to ``limit`` due runs of pull app ``app``, each now leased
         to the poll (its invocation begun); waits up to ``wait`` seconds for one to come due,
         woken by the dispatcher's wake-ups. Empty when none came, or once ``gone`` is set (the
         worker went away: a run claimed for it would wait out its lease). Without ``deltas``
-        (the worker does not read them) each carries its run's whole history."""
+        (the worker does not read them) each carries its run's whole history. Only runs on
+        ``deployment`` (the worker's; None: the app's current one)."""
         app_id: uuid.UUID = app["id"]
         give_up = time.monotonic() + wait
         gone = gone or asyncio.Event()
@@ -70,10 +72,12 @@ class PullInvocations:
         while not gone.is_set() and not self._closing.is_set():
             with self.dispatcher.pollers.watch(app_id) as woken:
                 async with self.pool.acquire() as conn:
-                    bodies = await self._claim(conn, app_id, limit, deltas)
+                    bodies = await self._claim(conn, app_id, limit, deltas, deployment)
                     if bodies:
                         return bodies
-                    due_in = await pull.next_due_in(conn, app_id, self.settings.lease_seconds)
+                    due_in = await pull.next_due_in(
+                        conn, app_id, self.settings.lease_seconds, deployment
+                    )
                 left = give_up - time.monotonic()
                 if left <= 0:
                     return []
@@ -84,7 +88,12 @@ class PullInvocations:
         return []
 
     async def _claim(
-        self, conn: Conn, app_id: uuid.UUID, limit: int, deltas: bool
+        self,
+        conn: Conn,
+        app_id: uuid.UUID,
+        limit: int,
+        deltas: bool,
+        deployment: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         # The dispatcher's lease: no takeovers for a lease after the database was away (a
         # worker's beats could not land either).
@@ -92,7 +101,13 @@ class PullInvocations:
         if lease.takeovers:
             await self._record_lost(conn, app_id)
         rows = await pull.claim(
-            conn, app_id, lease.owner, lease.seconds, limit, takeovers=lease.takeovers
+            conn,
+            app_id,
+            lease.owner,
+            lease.seconds,
+            limit,
+            takeovers=lease.takeovers,
+            deployment=deployment,
         )
         claimed = [Claim.of(row) for row in rows]
         if not claimed:

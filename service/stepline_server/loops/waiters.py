@@ -1,4 +1,5 @@
-"""Long polls waiting for runs to end, woken by the ``stepline_ended`` notification."""
+"""Long polls waiting on runs, woken by notifications: a run's end (``stepline_ended``) or
+its published state (``stepline_state``), each with the run's id."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Iterator
 
 
 class RunWaiters:
-    """Callers waiting for a run to end, by run id."""
+    """Callers waiting for something of a run (its end, its state), by run id."""
 
     def __init__(self) -> None:
         self._waiting: dict[str, set[asyncio.Event]] = defaultdict(set)
 
     def ended(self, run_id: str) -> None:
+        """Wake the callers watching ``run_id`` (it ended, or set state: what they watch)."""
         for event in self._waiting.pop(run_id, ()):
             event.set()
 
@@ -27,8 +29,8 @@ class RunWaiters:
 
     @contextlib.contextmanager
     def watch(self, run_id: str) -> Iterator[asyncio.Event]:
-        """An event set when ``run_id`` ends from now on. Watch before reading the run: an end
-        committed after the read is then never missed."""
+        """An event set when ``run_id`` is notified from now on. Watch before reading the run:
+        a change committed after the read is then never missed."""
         event = asyncio.Event()
         self._waiting[run_id].add(event)
         try:

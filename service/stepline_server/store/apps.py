@@ -63,7 +63,15 @@ async def create(
     project already has one with that name."""
     signing = secret or new_secret()
     return await conn.fetchrow(
-        Q["insert_app"], uuid.uuid4(), project_id, new_slug(), name, url, [signing], kind
+        Q["insert_app"],
+        uuid.uuid4(),
+        project_id,
+        new_slug(),
+        name,
+        url,
+        [signing],
+        kind,
+        uuid.uuid4(),
     )
 
 
@@ -188,6 +196,9 @@ async def workflow(conn: Conn, project_id: uuid.UUID, name: str) -> Record | Non
     return await conn.fetchrow(Q["get_workflow"], project_id, name)
 
 
-async def answered_with(conn: Conn, app_id: uuid.UUID, deployment_id: str) -> None:
-    """Record that the app answered an invocation as ``deployment_id``."""
-    await conn.execute(Q["app_answered_with"], app_id, deployment_id)
+async def answered_with(
+    conn: Conn, app_id: uuid.UUID, deployment_id: str, run_id: uuid.UUID
+) -> None:
+    """Record that the app answered an invocation of ``run_id`` as ``deployment_id``: only its
+    current deployment's answer is what its next invocations expect."""
+    await conn.execute(Q["app_answered_with"], app_id, deployment_id, run_id)

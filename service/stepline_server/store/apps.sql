@@ -7,11 +7,18 @@ WHERE project_id = $1 AND id = $2
 RETURNING *;
 
 -- name: insert_app
--- A push app has a url ($5), a pull app ($7 = 'pull') none.
-INSERT INTO apps (id, project_id, slug, name, url, signing_secrets, kind)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (project_id, name) DO NOTHING
-RETURNING *;
+-- A push app has a url ($5), a pull app ($7 = 'pull') none; its one deployment ($8, current)
+-- is at that url.
+WITH a AS (
+    INSERT INTO apps (id, project_id, slug, name, url, signing_secrets, kind)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
+    ON CONFLICT (project_id, name) DO NOTHING
+    RETURNING *
+),
+d AS (
+    INSERT INTO deployments (id, app_id, url, current) SELECT $8, a.id, a.url, true FROM a
+)
+SELECT * FROM a;
 
 -- name: get_app
 SELECT * FROM apps WHERE project_id = $1 AND (id::text = $2 OR slug = $2);
@@ -26,9 +33,16 @@ ORDER BY created_at, id
 LIMIT $4;
 
 -- name: update_app
-UPDATE apps SET url = coalesce($3, url), name = coalesce($4, name), updated_at = now()
-WHERE project_id = $1 AND id = $2
-RETURNING *;
+-- Changes app $2's URL (its current deployment's too) and/or name.
+WITH a AS (
+    UPDATE apps SET url = coalesce($3, url), name = coalesce($4, name), updated_at = now()
+    WHERE project_id = $1 AND id = $2
+    RETURNING *
+),
+d AS (
+    UPDATE deployments d SET url = a.url FROM a WHERE d.app_id = a.id AND d.current
+)
+SELECT * FROM a;
 
 -- name: lock_app_runs
 -- Locks the runs of app $2 of project $1, and the runs of other apps whose child runs they

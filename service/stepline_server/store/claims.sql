@@ -112,7 +112,8 @@ RETURNING r.id, r.cancel_requested;
 -- token still holds (a claim that went stale begins nothing: another orchestrator may hold the
 -- run now): settles what came due (sleeps complete, those ending within $2 seconds too, as of
 -- their end; event waits past their timeout complete with null; callbacks past theirs fail as
--- timed out) and records its invocation starting, with the app's last known deployment. Returns
+-- timed out) and records its invocation starting, with the id of the deployment it goes to (the
+-- app's last known one for its current deployment). Returns
 -- the run's steps in the order they were first recorded, one row each (a run begun with no
 -- steps to send: one row whose name is null): every step (history_base null) when the run's
 -- last invocation is not known or was not answered by an SDK that reads deltas, or when deltas
@@ -148,7 +149,10 @@ db AS MATERIALIZED (
 -- finds its own invocation already begun (again): it records and settles nothing more and sends
 -- every step, since the base its first try moved past is gone.
 held AS (
-    SELECT q.run_id, q.invocation_id, q.attempt, a.deployment_id,
+    SELECT q.run_id, q.invocation_id, q.attempt,
+           coalesce((SELECT d.deployment_id FROM deployments d
+                     WHERE d.id = runs.deployment AND NOT d.current), a.deployment_id)
+               AS deployment_id,
            CASE WHEN coalesce(q.deltas, true) AND runs.history_db = db.id
                      AND runs.history_acked = runs.history_invocation
                      AND runs.history_invocation IS DISTINCT FROM q.invocation_id

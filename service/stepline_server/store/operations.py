@@ -44,11 +44,13 @@ async def create(
     filter: dict[str, Any],
     s: Selection,
     app_id: uuid.UUID | None,
+    deployment: uuid.UUID | None = None,
 ) -> Record:
-    """Create the operation and fix its set of runs, in one transaction; the operation."""
+    """Create the operation (a move: to ``deployment``) and fix its set of runs, in one
+    transaction; the operation."""
     async with conn.transaction():
         await conn.fetchrow(
-            Q["insert_operation"], operation_id, project_id, action, filter, s.from_step
+            Q["insert_operation"], operation_id, project_id, action, filter, s.from_step, deployment
         )
         return await conn.fetchrow(
             Q["fill_operation"], operation_id, *_filter_args(s, app_id), project_id

@@ -31,9 +31,9 @@ SELECT (SELECT count(*) FROM m)::integer AS matched,
 
 -- name: insert_operation
 -- A new operation, running, with no runs yet (fill_operation lists them in the same
--- transaction).
-INSERT INTO operations (id, project_id, action, filter, from_step)
-VALUES ($1, $2, $3, $4, $5)
+-- transaction). $6: a move's deployment.
+INSERT INTO operations (id, project_id, action, filter, from_step, deployment)
+VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING *;
 
 -- name: fill_operation

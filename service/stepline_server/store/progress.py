@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepline_server.engine import logs as run_logs
+from stepline_server.engine import state as state_rules
 from stepline_server.engine.steps import Plan
 from stepline_server.engine.transitions import Outcome
-from stepline_server.store import children, runs
+from stepline_server.store import children, runs, state
 from stepline_server.store.db import Conn, Q, Record
 from stepline_server.store.outcomes import record_outcomes
 
@@ -107,6 +108,11 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
 async def _apply(conn: Conn, item: Progress) -> Record | None:
     plan, run_id = item.plan, item.run_id
     since = None
+    if plan.states:
+        # New keys past the run's limit are refused (their steps recorded failed): counted
+        # under the run's lock, which the progress statement then holds on.
+        existing = await state.keys_locked(conn, run_id)
+        plan.refuse_states(state_rules.over_limit([k for k, _ in plan.states], existing))
     if plan.event_waits:
         run = await conn.fetchrow(Q["progress_at"], run_id)
         if run is None:
@@ -126,6 +132,8 @@ async def _apply(conn: Conn, item: Progress) -> Record | None:
         )
     if plan.event_waits and since is not None:
         await _take_recent_events(conn, project_id, run_id, plan, since)
+    if plan.states and row["applied"]:
+        await state.record(conn, run_id, plan.states)
     return row
 
 

@@ -16,15 +16,23 @@ async def claim(
     limit: int,
     *,
     takeovers: bool = True,
+    deployment: uuid.UUID | None = None,
 ) -> list[Record]:
     """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` for ``lease_seconds``
     (a poll), through the one lease transition as the dispatcher's claim does; runs of a capped
     or rate-limited workflow under its gate's lock. Without ``takeovers``, runs whose lease
-    lapsed are left to their workers."""
+    lapsed are left to their workers. Only runs on ``deployment`` (None: the app's current
+    one)."""
     lease = Lease(owner, lease_seconds, (), takeovers)
     claimed = list(
         await conn.fetch(
-            Q["claim_pull"], limit, app_id, lease.owner, lease.seconds, lease.takeovers
+            Q["claim_pull"],
+            limit,
+            app_id,
+            lease.owner,
+            lease.seconds,
+            lease.takeovers,
+            deployment,
         )
     )
     room = limit - len(claimed)
@@ -41,9 +49,12 @@ async def lost(conn: Conn, app_id: uuid.UUID, lease_seconds: float) -> list[Reco
     return list(await conn.fetch(Q["lost_pull_leases"], app_id, lease_seconds))
 
 
-async def next_due_in(conn: Conn, app_id: uuid.UUID, lease_seconds: float) -> float | None:
-    """Seconds until a run of pull app ``app_id`` comes due (negative: overdue); None: none."""
-    value = await conn.fetchval(Q["next_pull_due_in"], app_id, lease_seconds)
+async def next_due_in(
+    conn: Conn, app_id: uuid.UUID, lease_seconds: float, deployment: uuid.UUID | None = None
+) -> float | None:
+    """Seconds until a run of pull app ``app_id`` on ``deployment`` (None: the current one)
+    comes due (negative: overdue); None: none."""
+    value = await conn.fetchval(Q["next_pull_due_in"], app_id, lease_seconds, deployment)
     return float(value) if value is not None else None
 
 

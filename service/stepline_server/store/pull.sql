@@ -26,11 +26,14 @@ GROUP BY project_id, workflow, rate_key;
 -- yet; what is taken over here counts nothing). Runs of a workflow with a concurrency cap are left to
 -- claim_capped, runs of a workflow with a rate limit not yet started to claim_rate_limited,
 -- runs past their deadline to the dispatcher (which ends them). Higher priority first, then
--- the longest due.
+-- the longest due. Only runs on deployment $6, the one the polling worker declared (NULL: the
+-- app's current one; a run on no deployment counts as on the current one).
 WITH due AS (
     SELECT id
     FROM runs
     WHERE pull AND app_id = $2 AND ready_at <= now()
+      AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
+          = coalesce($6::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
       AND options ->> 'concurrency' IS NULL
       AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
       AND (deadline_at IS NULL OR deadline_at > now())
@@ -76,10 +79,14 @@ WHERE id = $1 AND (polled_at IS NULL OR polled_at < now() - interval '1 second')
 -- Seconds until the next run of pull app $1 comes due (negative when overdue), NULL when none
 -- will; a lapsed lease whose orchestrator may beat yet (pull_lease_lapse, leases of $2 seconds)
 -- is looked at again in a tenth of a lease, at most a second. The runs waiting for a worker and
--- the leased ones (runs_pull_leased) are read apart, each through its index.
+-- the leased ones (runs_pull_leased) are read apart, each through its index. Only the runs
+-- waiting on deployment $3 (as claim_pull) count.
 SELECT extract(epoch FROM least(
     (SELECT min(ready_at) FROM runs
-     WHERE ready_at IS NOT NULL AND pull AND app_id = $1 AND lease_token IS NULL),
+     WHERE ready_at IS NOT NULL AND pull AND app_id = $1 AND lease_token IS NULL
+       AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
+           = coalesce($3::uuid, (SELECT d.id FROM deployments d
+                                 WHERE d.app_id = $1 AND d.current))),
     (SELECT min(CASE WHEN pull_lease_lapse(r, $2) = 'unsure'
                      THEN now() + make_interval(secs => least($2::double precision / 10, 1))
                      ELSE r.ready_at END)

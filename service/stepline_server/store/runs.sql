@@ -10,9 +10,11 @@
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
 -- $16: the run gathers a debounce's or a batch's starts: it has no due time (and wakes no
--- dispatcher) until the gathering fires (fire_gathering).
+-- dispatcher) until the gathering fires (fire_gathering). The run is on its app's current
+-- deployment.
 WITH w AS (
-    SELECT w.app_id, w.options, w.version, a.slug, a.name, a.kind = 'pull' AS pull
+    SELECT w.app_id, w.options, w.version, a.slug, a.name, a.kind = 'pull' AS pull,
+           (SELECT d.id FROM deployments d WHERE d.app_id = a.id AND d.current) AS deployment
     FROM workflows w JOIN apps a ON a.id = w.app_id
     WHERE w.project_id = $2 AND w.name = $3
 ),
@@ -20,7 +22,7 @@ r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
                       ready_at, next_seq, event_id, concurrency_key, singleton_key,
-                      definition_version, pull, priority, rate_key, event_key)
+                      definition_version, pull, priority, rate_key, event_key, deployment)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
@@ -32,7 +34,7 @@ r AS (
            w.version, w.pull, $14::smallint,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
-           $15::text
+           $15::text, w.deployment
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -116,9 +118,11 @@ FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
     deployment_id, http_status, duration_ms, data, ord);
 
 -- name: insert_child_run
+-- A child run of workflow $3 for run $5's step $6: on its parent's deployment when it is of
+-- the same app (the parent's code started it), else on its app's current one.
 INSERT INTO runs (id, project_id, app_id, workflow, input, parent_run_id, parent_step, trigger,
                   options, deadline_at, ready_at, definition_version, pull, concurrency_key,
-                  rate_key, priority)
+                  rate_key, priority, deployment)
 SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
        now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
        now(), w.version, (SELECT a.kind = 'pull' FROM apps a WHERE a.id = w.app_id),
@@ -126,7 +130,9 @@ SELECT $1, w.project_id, w.app_id, w.name, $4, $5, $6, 'parent', w.options,
             THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
        CASE WHEN jsonb_typeof($4::jsonb) = 'object'
             THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
-       coalesce((SELECT p.priority FROM runs p WHERE p.id = $5), 0)
+       coalesce((SELECT p.priority FROM runs p WHERE p.id = $5), 0),
+       coalesce((SELECT p.deployment FROM runs p WHERE p.id = $5 AND p.app_id = w.app_id),
+                (SELECT d.id FROM deployments d WHERE d.app_id = w.app_id AND d.current))
 FROM workflows w WHERE w.project_id = $2 AND w.name = $3
 ON CONFLICT (id) DO NOTHING
 RETURNING id;

@@ -7,8 +7,8 @@
 CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
 COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
 
-CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke');
-COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run';
+CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke', 'state');
+COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run; state: ctx.set_state (its key''s value is kept in run_state)';
 
 CREATE TYPE step_status AS ENUM ('running', 'retrying', 'completed', 'failed', 'cancelled', 'sleeping', 'waiting');
 COMMENT ON TYPE step_status IS 'running: started; retrying: next attempt due at wake_at; completed: has output; failed: has error; cancelled: the run was cancelled while it waited; sleeping: until wake_at; waiting: callback, event or child';
@@ -510,7 +510,7 @@ CREATE INDEX runs_without_due ON runs (id) WHERE ready_at IS NULL AND ended_at I
 CREATE TABLE operations (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
-    action text NOT NULL CHECK (action IN ('cancel', 'retry', 'retryFromStep')),
+    action text NOT NULL CHECK (action IN ('cancel', 'retry', 'retryFromStep', 'move')),
     filter jsonb NOT NULL DEFAULT '{}',
     from_step text CHECK (length(from_step) BETWEEN 1 AND 256),
     status text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'completed', 'cancelled')),
@@ -617,3 +617,51 @@ COMMENT ON COLUMN run_gatherings.event_ids IS 'The ids of the events gathered, i
 COMMENT ON COLUMN run_gatherings.fire_at IS 'When the gathering fires: a debounce its period after the last start (at most max wait after the first), a batch its wait after the first event.';
 CREATE UNIQUE INDEX run_gatherings_run ON run_gatherings (run_id);
 CREATE INDEX run_gatherings_due ON run_gatherings (fire_at);
+
+-- Published state (0026): each key's current value, set by ctx.set_state (a step of kind state).
+CREATE TABLE run_state (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    key text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    project_id uuid NOT NULL,
+    value jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, key)
+);
+COMMENT ON TABLE run_state IS 'The current value of each key a run published with ctx.set_state (the last set of the key wins; every set is also a state step and a state.set event); deleted with the run.';
+COMMENT ON COLUMN run_state.value IS 'The value as the app sent it (JSON, at most 64 KiB; an envelope when the app encrypts or stores values).';
+
+-- Deployments (0027): an app at several URLs; each run pinned to one.
+CREATE TABLE deployments (
+    id uuid PRIMARY KEY,
+    app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
+    deployment_id text,
+    url text,
+    current boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX deployments_current ON deployments (app_id) WHERE current;
+CREATE INDEX deployments_app ON deployments (app_id, created_at);
+COMMENT ON TABLE deployments IS 'The deployments of an app, each at its own URL (none for a pull app: its workers declare their deployment id). The current one (one per app) is where new runs start; the app''s url is its url.';
+COMMENT ON COLUMN deployments.deployment_id IS 'The id the deployment goes by: given when it was registered, else what it answered at its registration sync. NULL on the current deployment: the app''s deployment_id (what it last answered or synced with).';
+
+ALTER TABLE runs ADD COLUMN deployment uuid REFERENCES deployments (id) ON DELETE SET NULL;
+COMMENT ON COLUMN runs.deployment IS 'The deployment the run is invoked at: the app''s current one when it started (a child run of the same app: its parent''s), until it ends or is moved. NULL: its deployment was deleted after it ended; it goes to the current one.';
+CREATE INDEX runs_deployment ON runs (deployment);
+
+ALTER TABLE operations ADD COLUMN deployment uuid;
+ALTER TABLE operations ADD CONSTRAINT operations_move_deployment
+    CHECK ((action = 'move') = (deployment IS NOT NULL));
+COMMENT ON COLUMN operations.deployment IS 'A move''s deployment: where its runs go (no foreign key: once it is deleted, what is left of the move fails).';
+
+CREATE OR REPLACE FUNCTION lease_claim_of(r runs, due_in double precision, taken_over boolean)
+RETURNS lease_claim LANGUAGE sql STABLE AS $$
+    SELECT r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
+           coalesce(r.cancel_requested, false), coalesce(r.deadline_at <= now(), false),
+           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
+           r.concurrency_key, r.generation, r.created_at, r.pull, r.priority, due_in,
+           taken_over,
+           -- The run's deployment's URL: the app's (its current deployment's) when it has none.
+           coalesce((SELECT d.url FROM deployments d WHERE d.id = r.deployment), a.url),
+           a.signing_secrets, a.protocol_version
+    FROM apps a WHERE a.id = r.app_id
+$$;

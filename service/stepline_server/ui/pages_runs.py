@@ -13,7 +13,7 @@ from stepline_server import actions, payloads, reads, serialize
 from stepline_server.authlimits import AuthFailures
 from stepline_server.engine import bulk
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, keys, runs, sessions, waits
+from stepline_server.store import apps, keys, runs, sessions, state, waits
 from stepline_server.ui import timeline
 from stepline_server.ui.web import Req
 
@@ -173,6 +173,7 @@ async def _run(r: Req) -> dict[str, Any] | None:
         lines = [serialize.log_line(x) for x in await runs.logs(conn, r.pid, run_id, 0, LOG_LINES)]
         children = [s["childRunId"] for s in run["steps"] if s.get("childRunId")]
         app = await apps.get(conn, r.pid, run["app"]) if run["app"] else None
+        published = await state.of_run(conn, r.pid, run_id)
     step_logs: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         if line["stepName"]:
@@ -190,6 +191,7 @@ async def _run(r: Req) -> dict[str, Any] | None:
         "tries": timeline.try_bars(run, timeline.tries(events)),
         "children": children,
         "waiting": [s for s in run["steps"] if s.get("callbackId") and s["status"] == "waiting"],
+        "state": [dict(row) for row in published],
     }
 
 
