@@ -72,6 +72,9 @@ class Executions:
     inflight: dict[str, set[tuple[int, str]]] = field(default_factory=dict)
     most: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    # Each invocation of a run as it reached the app: (run id, the port it came in on, which
+    # names the app's deployment).
+    invoked: list[tuple[str, int]] = field(default_factory=list)
     refuse_until: float = 0.0
     refuse_status: int = 503
 
@@ -202,6 +205,8 @@ class App:
             return {"type": "http.request", "body": data, "more_body": False}
 
         inv = str(payload.get("invocationId", ""))
+        if workflow:
+            self.ex.invoked.append((str(payload.get("runId")), int(scope["server"][1])))
         token = _invocation.set(inv)
         entry = (self.ex.epoch, inv)
         if workflow:

@@ -7,7 +7,8 @@ and resume of a workflow, cancel and retry one by one and in bulk (a batch of ru
 prefix, while another environment's bulk retry waits for room), an app restart (its kept histories
 and parked executions gone), a ``kill -9`` of either orchestrator or of a pull worker (mid-step,
 maybe), a pull run whose step kills its worker every time, an app fleet of two protocol versions,
-and a PostgreSQL restart. A reference model (``Expected``) says what each run waits for,
+new deployments of the app (a run is only ever invoked at its own), and a PostgreSQL restart. A
+reference model (``Expected``) says what each run waits for,
 in order, and how it must end.
 
 After every rule, what a user is promised (``promises``): each run's history well formed; every
@@ -117,6 +118,7 @@ class Expected:
     retries: int = 0
     born_epoch: int = 0
     pg_epoch: int = 0  # PostgreSQL restarts before it started
+    port: int = 0  # the port of the push app's deployment current when it started
     checked_end: bool = False
 
     @property
@@ -344,6 +346,7 @@ class RunMachine(RuleBasedStateMachine):
             input,
             born_epoch=self.world.app.ex.epoch,
             pg_epoch=self.world.pg_restarts,
+            port=self.world.port(),
         )
 
     @rule(**START)
@@ -479,6 +482,12 @@ class RunMachine(RuleBasedStateMachine):
             print(f"operation {body['action']}: {done['succeeded']} runs; the crowd's: {crowd}")
         assert crowd["status"] == "running", crowd
         return dict(done)
+
+    @rule()
+    def deploy(self) -> None:
+        """A new deployment of the push app becomes current (at its other URL): runs started
+        before keep being invoked at theirs."""
+        self.world.run(self.world.deploy())
 
     @rule(status=st.sampled_from([500, 503]))
     def refuse_deliveries(self, status: int) -> None:
@@ -616,6 +625,12 @@ class RunMachine(RuleBasedStateMachine):
         and once more for each retry); a cancelled or time-limited run's steps never more
         often than that."""
         seen = self.world.executions()
+        misplaced = [
+            (run_id, port)
+            for run_id, port in self.world.app.ex.invoked
+            if run_id in self.runs and self.runs[run_id].port not in (0, port)
+        ]
+        assert not misplaced, f"runs invoked at another deployment than their own: {misplaced}"
         tried = Counter((e.tag, e.gen, e.step) for e in seen)
         done = Counter((e.tag, e.gen, e.step) for e in seen if e.ok)
         problems = []

@@ -65,6 +65,9 @@ class World:
         self.workers: list[Proc] = []
         self.record = self.workdir / "pull.jsonl"
         self._env: dict[str, str] = {}
+        self.app_urls: list[str] = []  # the push app's two deployments' URLs
+        self.app_slug = ""
+        self.deployed = 0  # which of app_urls is the app's current deployment's
         self.crowd_key = ""  # the other environment's (_start_crowd)
         self.crowd_operation = ""
 
@@ -112,9 +115,11 @@ class World:
         self._serving = asyncio.ensure_future(self._server.serve())
         while not self._server.started:
             await asyncio.sleep(0.01)
-        made = await self.call(
-            "POST", "/v1/apps", {"name": "model", "url": f"http://127.0.0.1:{app_port}/"}
-        )
+        # The same app at a second URL: each deploy (a new deployment) takes the other one.
+        other = await self._serve(self.app)
+        self.app_urls = [f"http://127.0.0.1:{app_port}/", other + "/"]
+        made = await self.call("POST", "/v1/apps", {"name": "model", "url": self.app_urls[0]})
+        self.app_slug = made["slug"]
         self.app.restart(made["signingSecret"])
         await self.call("POST", f"/v1/apps/{made['slug']}/sync")
         pull = await self.call("POST", "/v1/apps", {"name": "model-pull", "kind": "pull"})
@@ -166,6 +171,18 @@ class World:
                 while (await self.crowd_op())["status"] == "running":
                     assert time.monotonic() < deadline, "the crowd's cancel never ended"
                     await asyncio.sleep(0.1)
+
+    def port(self) -> int:
+        """The port of the push app's current deployment."""
+        return int(self.app_urls[self.deployed].rstrip("/").rsplit(":", 1)[1])
+
+    async def deploy(self) -> None:
+        """A new deployment of the push app at its other URL, made current: the runs started
+        before stay on theirs."""
+        other = 1 - self.deployed
+        body = {"url": self.app_urls[other]}
+        await self.call("POST", f"/v1/apps/{self.app_slug}/deployments", body)
+        self.deployed = other
 
     async def crowd_op(self) -> dict[str, Any]:
         """The crowd environment's last bulk operation as the API shows it."""
