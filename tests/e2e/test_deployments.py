@@ -202,6 +202,66 @@ async def test_pull_workers_get_only_their_deployments_runs(database_url: str) -
             await w.aclose()
 
 
+def _gated(color: str, gate: str, done: list[str]) -> stepline.Stepline:
+    """A pull app whose ``paint`` has a concurrency cap or a rate limit (``gate``)."""
+    sl = stepline.Stepline("pull-secret")
+    gates: dict[str, Any] = (
+        {"concurrency": 1}
+        if gate == "capped"
+        else {"rate_limit": stepline.RateLimit(limit=5, period="1m")}
+    )
+
+    @sl.workflow("paint", **gates)
+    async def paint(ctx: stepline.Context, input: Any) -> Any:
+        done.append(f"{color}:{input}")
+        return color
+
+    return sl
+
+
+@pytest.mark.parametrize("gate", ["capped", "rate"])
+async def test_gated_pull_runs_go_only_to_their_deployments_workers(
+    database_url: str, gate: str
+) -> None:
+    done: list[str] = []
+    async with orchestrator_stack(database_url) as stack:
+        c = stack.client
+        slug = await stack.register_pull()
+        await c.create_deployment(slug, deployment_id="blue")
+        blue = Worker(
+            _gated("blue", gate, done), stack.url, stack.api_key, slug, wait=1.0,
+            deployment="blue",
+        )  # fmt: skip
+        await blue.sync()
+        old = [await c.start_run("paint", n) for n in (1, 2)]
+        await c.create_deployment(slug, deployment_id="green")
+        green = Worker(
+            _gated("green", gate, done), stack.url, stack.api_key, slug, wait=1.0,
+            deployment="green",
+        )  # fmt: skip
+        await green.sync()
+        task = asyncio.create_task(green.run())
+        try:
+            await asyncio.sleep(2.5)  # polls go by: green takes none of blue's runs
+            for run in old:
+                assert (await c.get_run(run["id"]))["status"] == "running"
+            new = await c.start_run("paint", 3)
+            assert (await c.wait_run(new["id"], timeout=20))["output"] == "green"
+        finally:
+            green.stop()
+            await task
+        task = asyncio.create_task(blue.run())
+        try:
+            for run in old:
+                assert (await c.wait_run(run["id"], timeout=20))["output"] == "blue"
+        finally:
+            blue.stop()
+            await task
+        assert done == ["green:3", "blue:1", "blue:2"]
+        for w in (green, blue):
+            await w.aclose()
+
+
 def _cli(stack: Any, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "STEPLINE_URL": stack.url, "STEPLINE_API_KEY": stack.api_key}
     return subprocess.run(
