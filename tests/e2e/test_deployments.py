@@ -15,6 +15,7 @@ import pytest
 
 import stepline
 from stepline._worker import Worker
+from tests.dashboard_forms import Dashboard
 from tests.ports import free_port
 from tests.support import app_server, orchestrator_stack, until
 
@@ -260,6 +261,44 @@ async def test_gated_pull_runs_go_only_to_their_deployments_workers(
         assert done == ["green:3", "blue:1", "blue:2"]
         for w in (green, blue):
             await w.aclose()
+
+
+async def test_dashboard_moves_a_deployments_runs_and_deletes_it(database_url: str) -> None:
+    async with orchestrator_stack(database_url) as stack, Dashboard(stack.url) as person:
+        c = stack.client
+        slug = await stack.register_pull()
+        blue = await c.create_deployment(slug, deployment_id="blue")
+        worker = Worker(_pulled("blue", []), stack.url, stack.api_key, slug, deployment="blue")
+        await worker.sync()
+        await worker.aclose()
+        old = [await c.start_run("paint", n) for n in (1, 2)]
+        green = await c.create_deployment(slug, deployment_id="green")
+        await person.sign_in(stack.api_key)
+        apps_page = await person.get("/ui/apps")
+        assert f'href="/ui/apps/{slug}"' in apps_page.text
+        page = await person.get(f"/ui/apps/{slug}")
+        assert page.status_code == 200
+        rows = {d: page.text.split(d, 1)[1].split("</tr>", 1)[0] for d in (blue["id"], green["id"])}
+        assert ">blue<" in rows[blue["id"]] and '"running-runs">2<' in rows[blue["id"]]
+        assert "current" in rows[green["id"]] and '"running-runs">0<' in rows[green["id"]]
+        here = f"/ui/apps/{slug}/deployments/{blue['id']}"
+        refused = await person.post(f"{here}/delete")
+        assert "Not deleted: 2 run(s) not ended" in person.flash(refused)
+        unknown = await person.post(f"{here}/move", to="nowhere")
+        assert "choose the deployment" in person.flash(unknown)
+        moved = await person.post(f"{here}/move", to=green["id"])
+        assert "/ui/operations/" in str(moved.url)
+        op_id = str(moved.url).rstrip("/").rsplit("/", 1)[1]
+        await until(lambda: _done(c, op_id), "the move to end")
+        op = await c.get_operation(op_id)
+        assert op["action"] == "move" and op["matched"] == 2
+        for run in old:
+            assert (await c.get_run(run["id"]))["deployment"] == green["id"]
+        deleted = await person.post(f"{here}/delete")
+        assert person.flash(deleted) == "Deleted deployment blue."
+        assert blue["id"] not in deleted.text
+        left = [d["id"] for d in (await c.list_deployments(slug))["deployments"]]
+        assert blue["id"] not in left and green["id"] in left
 
 
 def _cli(stack: Any, *args: str) -> subprocess.CompletedProcess[str]:
