@@ -15,6 +15,7 @@ import pytest
 
 import stepline
 from stepline._worker import Worker
+from tests.dashboard_forms import Dashboard
 from tests.ports import free_port
 from tests.support import app_server, orchestrator_stack, until
 
@@ -200,6 +201,104 @@ async def test_pull_workers_get_only_their_deployments_runs(database_url: str) -
             await stray.run()
         for w in (green, blue, stray):
             await w.aclose()
+
+
+def _gated(color: str, gate: str, done: list[str]) -> stepline.Stepline:
+    """A pull app whose ``paint`` has a concurrency cap or a rate limit (``gate``)."""
+    sl = stepline.Stepline("pull-secret")
+    gates: dict[str, Any] = (
+        {"concurrency": 1}
+        if gate == "capped"
+        else {"rate_limit": stepline.RateLimit(limit=5, period="1m")}
+    )
+
+    @sl.workflow("paint", **gates)
+    async def paint(ctx: stepline.Context, input: Any) -> Any:
+        done.append(f"{color}:{input}")
+        return color
+
+    return sl
+
+
+@pytest.mark.parametrize("gate", ["capped", "rate"])
+async def test_gated_pull_runs_go_only_to_their_deployments_workers(
+    database_url: str, gate: str
+) -> None:
+    done: list[str] = []
+    async with orchestrator_stack(database_url) as stack:
+        c = stack.client
+        slug = await stack.register_pull()
+        await c.create_deployment(slug, deployment_id="blue")
+        blue = Worker(
+            _gated("blue", gate, done), stack.url, stack.api_key, slug, wait=1.0,
+            deployment="blue",
+        )  # fmt: skip
+        await blue.sync()
+        old = [await c.start_run("paint", n) for n in (1, 2)]
+        await c.create_deployment(slug, deployment_id="green")
+        green = Worker(
+            _gated("green", gate, done), stack.url, stack.api_key, slug, wait=1.0,
+            deployment="green",
+        )  # fmt: skip
+        await green.sync()
+        task = asyncio.create_task(green.run())
+        try:
+            await asyncio.sleep(2.5)  # polls go by: green takes none of blue's runs
+            for run in old:
+                assert (await c.get_run(run["id"]))["status"] == "running"
+            new = await c.start_run("paint", 3)
+            assert (await c.wait_run(new["id"], timeout=20))["output"] == "green"
+        finally:
+            green.stop()
+            await task
+        task = asyncio.create_task(blue.run())
+        try:
+            for run in old:
+                assert (await c.wait_run(run["id"], timeout=20))["output"] == "blue"
+        finally:
+            blue.stop()
+            await task
+        assert done == ["green:3", "blue:1", "blue:2"]
+        for w in (green, blue):
+            await w.aclose()
+
+
+async def test_dashboard_moves_a_deployments_runs_and_deletes_it(database_url: str) -> None:
+    async with orchestrator_stack(database_url) as stack, Dashboard(stack.url) as person:
+        c = stack.client
+        slug = await stack.register_pull()
+        blue = await c.create_deployment(slug, deployment_id="blue")
+        worker = Worker(_pulled("blue", []), stack.url, stack.api_key, slug, deployment="blue")
+        await worker.sync()
+        await worker.aclose()
+        old = [await c.start_run("paint", n) for n in (1, 2)]
+        green = await c.create_deployment(slug, deployment_id="green")
+        await person.sign_in(stack.api_key)
+        apps_page = await person.get("/ui/apps")
+        assert f'href="/ui/apps/{slug}"' in apps_page.text
+        page = await person.get(f"/ui/apps/{slug}")
+        assert page.status_code == 200
+        rows = {d: page.text.split(d, 1)[1].split("</tr>", 1)[0] for d in (blue["id"], green["id"])}
+        assert ">blue<" in rows[blue["id"]] and '"running-runs">2<' in rows[blue["id"]]
+        assert "current" in rows[green["id"]] and '"running-runs">0<' in rows[green["id"]]
+        here = f"/ui/apps/{slug}/deployments/{blue['id']}"
+        refused = await person.post(f"{here}/delete")
+        assert "Not deleted: 2 run(s) not ended" in person.flash(refused)
+        unknown = await person.post(f"{here}/move", to="nowhere")
+        assert "choose the deployment" in person.flash(unknown)
+        moved = await person.post(f"{here}/move", to=green["id"])
+        assert "/ui/operations/" in str(moved.url)
+        op_id = str(moved.url).rstrip("/").rsplit("/", 1)[1]
+        await until(lambda: _done(c, op_id), "the move to end")
+        op = await c.get_operation(op_id)
+        assert op["action"] == "move" and op["matched"] == 2
+        for run in old:
+            assert (await c.get_run(run["id"]))["deployment"] == green["id"]
+        deleted = await person.post(f"{here}/delete")
+        assert person.flash(deleted) == "Deleted deployment blue."
+        assert blue["id"] not in deleted.text
+        left = [d["id"] for d in (await c.list_deployments(slug))["deployments"]]
+        assert blue["id"] not in left and green["id"] in left
 
 
 def _cli(stack: Any, *args: str) -> subprocess.CompletedProcess[str]:

@@ -71,6 +71,7 @@ class Selection:
     trigger: str | None = None
     from_step: str | None = None
     run_ids: tuple[str, ...] | None = None  # only these runs (the dashboard's selection)
+    on_deployment: str | None = None  # only the runs on this deployment (its id)
 
 
 def statuses_of(raw: str | list[str] | None) -> list[str] | None:
@@ -116,6 +117,7 @@ def select(
     deployment_id: str | None = None,
     from_step: str | None = None,
     run_ids: tuple[str, ...] | None = None,
+    on_deployment: str | None = None,
 ) -> Selection:
     """The runs an operation of ``action`` takes: those the filter matches that the action can
     act on now (a filter's status the action cannot act on matches nothing)."""
@@ -141,6 +143,7 @@ def select(
         trigger=trigger,
         from_step=from_step if action is Action.RETRY_FROM_STEP else None,
         run_ids=run_ids,
+        on_deployment=on_deployment,
     )
 
 

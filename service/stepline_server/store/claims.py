@@ -50,9 +50,17 @@ async def claim_leased(conn: Conn, lease: Lease, limit: int, lead: float = 0.0) 
     return claimed
 
 
-async def claim_gated(conn: Conn, groups: list[Record], lease: Lease, limit: int) -> list[Record]:
+async def claim_gated(
+    conn: Conn,
+    groups: list[Record],
+    lease: Lease,
+    limit: int,
+    *,
+    scope: PullScope | None = None,
+) -> list[Record]:
     """Lease up to ``limit`` runs of the gated ``groups`` (rows of ``due_gated_groups``): a
-    capped group under its cap's lock, a rate-limited one under its limit's."""
+    capped group under its cap's lock, a rate-limited one under its limit's; only runs in
+    ``scope`` when given (a pull worker's poll)."""
     claimed: list[Record] = []
     for group in groups:
         room = limit - len(claimed)
@@ -61,11 +69,11 @@ async def claim_gated(conn: Conn, groups: list[Record], lease: Lease, limit: int
         pid, workflow, key = group["project_id"], group["workflow"], group["key"]
         if group["kind"] == "capped":
             capped = Capped(pid, workflow, key, group["cap"])
-            claimed += await claim_capped(conn, capped, lease, room)
+            claimed += await claim_capped(conn, capped, lease, room, scope=scope)
         else:
             period = timedelta(milliseconds=group["period_ms"])
             limited = RateLimited(pid, workflow, key, rates.RateLimit(group["cap"], period))
-            claimed += await claim_rate_limited(conn, limited, lease, room)
+            claimed += await claim_rate_limited(conn, limited, lease, room, scope=scope)
     return claimed
 
 
@@ -82,6 +90,25 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class PullScope:
+    """The runs a pull worker's poll may lease: pull app ``app_id``'s runs on ``deployment``
+    (None: the app's current one; a run on no deployment counts as on the current one). A gate
+    still counts its workflow's runs whatever their deployment."""
+
+    app_id: uuid.UUID
+    deployment: uuid.UUID | None = None
+
+    def args(self) -> tuple[uuid.UUID, uuid.UUID | None]:
+        """The scope as the gates' queries take it."""
+        return self.app_id, self.deployment
+
+
+def _scope_args(scope: PullScope | None) -> tuple[uuid.UUID | None, uuid.UUID | None]:
+    """``scope``'s query arguments; (None, None): any run (the dispatcher's claim)."""
+    return scope.args() if scope else (None, None)
+
+
+@dataclass(frozen=True)
 class RateLimited:
     """The runs one rate limit counts: a workflow's, or those of one value of its rate limit
     key (None: the field is missing, or the limit has no key)."""
@@ -93,13 +120,15 @@ class RateLimited:
 
 
 async def claim_rate_limited(
-    conn: Conn, limited: RateLimited, lease: Lease, limit: int
+    conn: Conn, limited: RateLimited, lease: Lease, limit: int, *, scope: PullScope | None = None
 ) -> list[Record]:
     """Lease up to ``limit`` of a rate-limited workflow's due runs that have not started yet (of
     one key value), higher priority first, as far as its window has room; the others come due
     when the window lets them start (:func:`stepline_server.engine.rates.start_times`), so no
     dispatcher looks at them before. The window is read and the leases taken under the limit's
-    lock, so two orchestrators never both see the same room."""
+    lock, so two orchestrators never both see the same room. Only runs in ``scope`` are
+    leased, when given; the window counts and defers the workflow's runs whatever their
+    deployment."""
     group = (limited.project_id, limited.workflow, limited.key)
     async with conn.transaction():
         await conn.execute(Q["lock_rate"], *group)
@@ -109,7 +138,13 @@ async def claim_rate_limited(
         now = window["now"]
         times = rates.start_times(limited.rate, window["starts"], now, window["waiting"])
         take = min(limit, rates.room(times, now))
-        how = (lease.owner, lease.seconds, list(lease.holding), lease.takeovers)
+        how = (
+            lease.owner,
+            lease.seconds,
+            list(lease.holding),
+            lease.takeovers,
+            *_scope_args(scope),
+        )
         claimed = (
             list(await conn.fetch(Q["claim_rate_limited"], *group, take, *how)) if take > 0 else []
         )
@@ -130,18 +165,21 @@ class Capped:
     cap: int
 
 
-async def claim_capped(conn: Conn, capped: Capped, lease: Lease, limit: int) -> list[Record]:
+async def claim_capped(
+    conn: Conn, capped: Capped, lease: Lease, limit: int, *, scope: PullScope | None = None
+) -> list[Record]:
     """Lease up to ``limit`` of a capped workflow's due or held runs (of one key value), oldest
     first, as far as its cap has room; hold its other due runs when the cap is full. The count
     and the leases are taken under the cap's lock, so two orchestrators never both see the same
-    room."""
+    room. Only runs in ``scope`` are leased, when given; the cap counts and holds the
+    workflow's runs whatever their deployment."""
     async with conn.transaction():
         await conn.execute(Q["lock_workflow"], capped.project_id, capped.workflow, capped.key)
         args = (capped.workflow, capped.cap, lease.owner, lease.seconds, limit, capped.key)
         return list(
             await conn.fetch(
                 Q["claim_capped"], capped.project_id, *args, lease.takeovers,
-                list(lease.holding),
+                list(lease.holding), *_scope_args(scope),
             )
         )  # fmt: skip
 

@@ -42,7 +42,9 @@ SELECT pg_advisory_xact_lock(
 -- whose beat came late), to $4 for $5 seconds (lease_runs). When that fills the cap, its other
 -- due runs are held (ready_at at their deadline, no lease) until release_held lets them go.
 -- Without takeovers ($8 false), runs whose lease expired are left to their holders; a pull
--- run's lapsed lease that lease_runs would not take over is not cleared either.
+-- run's lapsed lease that lease_runs would not take over is not cleared either. A worker's poll
+-- of pull app $10 leases only the runs on its deployment $11 (as claim_pull; $10 NULL: the
+-- dispatcher, any run); the cap counts and holds the workflow's runs whatever their deployment.
 WITH busy AS (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
@@ -52,12 +54,20 @@ cand AS (
     (SELECT id, priority, created_at FROM runs
      WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
        AND held
+       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
+           = coalesce($11::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $10 AND d.current))))
      ORDER BY priority DESC, created_at, id LIMIT $6)
     UNION ALL
     (SELECT id, priority, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
        AND concurrency_key IS NOT DISTINCT FROM $7::text
        AND ($8::boolean OR lease_token IS NULL) AND NOT (id = ANY ($9::uuid[]))
+       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
+           = coalesce($11::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $10 AND d.current))))
      ORDER BY priority DESC, created_at, id LIMIT $6)
 ),
 go AS (
@@ -123,12 +133,18 @@ SELECT now() AS now,
 -- With lock_rate held: leases up to $4 of the due runs not yet started of workflow $2 (project
 -- $1) with rate key value $3, higher priority first, then oldest, to $5 for $6 seconds
 -- (lease_runs; their started_at, now, counts in the window from then on). $7: the runs the
--- caller invokes now, $8: whether lapsed leases may be taken over (lease_runs).
+-- caller invokes now, $8: whether lapsed leases may be taken over (lease_runs). A worker's
+-- poll of pull app $9 leases only the runs on its deployment $10 (as claim_pull; $9 NULL: the
+-- dispatcher, any run); the window counts the workflow's starts whatever their deployment.
 WITH go AS (
     SELECT id FROM runs
     WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
       AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
       AND rate_key IS NOT DISTINCT FROM $3::text
+      AND ($9::uuid IS NULL OR (app_id = $9 AND coalesce(
+         deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $9 AND d.current))
+         = coalesce($10::uuid, (SELECT d.id FROM deployments d
+                                WHERE d.app_id = $9 AND d.current))))
     ORDER BY priority DESC, created_at, id
     LIMIT $4
     FOR UPDATE SKIP LOCKED

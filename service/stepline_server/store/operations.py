@@ -28,11 +28,16 @@ def _filter_args(s: Selection, app_id: uuid.UUID | None) -> tuple[Any, ...]:
     )
 
 
+def _on(s: Selection) -> uuid.UUID | None:
+    """The deployment the selection's runs are on, when it names one."""
+    return uuid.UUID(s.on_deployment) if s.on_deployment is not None else None
+
+
 async def match(
     conn: Conn, project_id: uuid.UUID, s: Selection, app_id: uuid.UUID | None, sample: int
 ) -> tuple[int, list[str]]:
     """How many runs the selection takes now, and the ids of the newest ``sample`` of them."""
-    row = await conn.fetchrow(Q["match_runs"], project_id, *_filter_args(s, app_id), sample)
+    row = await conn.fetchrow(Q["match_runs"], project_id, *_filter_args(s, app_id), sample, _on(s))
     return int(row["matched"]), list(row["sample"])
 
 
@@ -53,7 +58,7 @@ async def create(
             Q["insert_operation"], operation_id, project_id, action, filter, s.from_step, deployment
         )
         return await conn.fetchrow(
-            Q["fill_operation"], operation_id, *_filter_args(s, app_id), project_id
+            Q["fill_operation"], operation_id, *_filter_args(s, app_id), project_id, _on(s)
         )
 
 

@@ -5,7 +5,8 @@
 -- A bulk filter's runs in project $1, as rules.bulk.select made it: statuses $2 (those the
 -- action acts on), workflow $3, app $4, deployment of the last invocation $5, created in
 -- [$6, $7), run key $8 exact or $9 as a prefix, trigger $10, a recorded step $11, one of the
--- ids $12 (the dashboard's selected runs). How many, and the newest $13 ids as a sample.
+-- ids $12 (the dashboard's selected runs), on deployment $14 (the current one also has the
+-- runs on none). How many, and the newest $13 ids as a sample.
 WITH m AS (
     SELECT r.id, r.created_at FROM runs r
     WHERE r.project_id = $1
@@ -23,6 +24,10 @@ WITH m AS (
       AND ($11::text IS NULL OR EXISTS (SELECT 1 FROM steps s
                                          WHERE s.run_id = r.id AND s.name = $11))
       AND ($12::uuid[] IS NULL OR r.id = ANY ($12::uuid[]))
+      AND ($14::uuid IS NULL OR r.deployment = $14
+           OR (r.deployment IS NULL AND EXISTS (SELECT 1 FROM deployments d
+                                                WHERE d.id = $14 AND d.current
+                                                  AND d.app_id = r.app_id)))
 )
 SELECT (SELECT count(*) FROM m)::integer AS matched,
        (SELECT coalesce(jsonb_agg(s.id::text ORDER BY s.created_at DESC, s.id DESC), '[]')
@@ -37,8 +42,8 @@ VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING *;
 
 -- name: fill_operation
--- The set of an operation's runs is fixed here, once: the runs match_runs' filter ($2–$12, as
--- there; $13 the project) matches now, oldest first, numbered from 1. The operation counts
+-- The set of an operation's runs is fixed here, once: the runs match_runs' filter ($2–$12 and
+-- $14, as there; $13 the project) matches now, oldest first, numbered from 1. The operation counts
 -- them, and with none it is completed at once.
 WITH m AS (
     SELECT r.id, row_number() OVER (ORDER BY r.created_at, r.id) AS position FROM runs r
@@ -57,6 +62,10 @@ WITH m AS (
       AND ($11::text IS NULL OR EXISTS (SELECT 1 FROM steps s
                                          WHERE s.run_id = r.id AND s.name = $11))
       AND ($12::uuid[] IS NULL OR r.id = ANY ($12::uuid[]))
+      AND ($14::uuid IS NULL OR r.deployment = $14
+           OR (r.deployment IS NULL AND EXISTS (SELECT 1 FROM deployments d
+                                                WHERE d.id = $14 AND d.current
+                                                  AND d.app_id = r.app_id)))
 ), ins AS (
     INSERT INTO operation_runs (operation_id, position, run_id)
     SELECT $1, m.position, m.id FROM m

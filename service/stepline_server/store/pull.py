@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from stepline_server.store.claims import Lease, claim_gated
+from stepline_server.store.claims import Lease, PullScope, claim_gated
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -20,7 +20,8 @@ async def claim(
 ) -> list[Record]:
     """Lease up to ``limit`` due runs of pull app ``app_id`` to ``owner`` for ``lease_seconds``
     (a poll), through the one lease transition as the dispatcher's claim does; runs of a capped
-    or rate-limited workflow under its gate's lock. Without ``takeovers``, runs whose lease
+    or rate-limited workflow under its gate's lock (which counts the workflow's runs whatever
+    their deployment). Without ``takeovers``, runs whose lease
     lapsed are left to their workers. Only runs on ``deployment`` (None: the app's current
     one)."""
     lease = Lease(owner, lease_seconds, (), takeovers)
@@ -37,8 +38,9 @@ async def claim(
     )
     room = limit - len(claimed)
     if room > 0:
-        groups = await conn.fetch(Q["due_gated_pull_groups"], app_id)
-        claimed += await claim_gated(conn, groups, lease, room)
+        groups = await conn.fetch(Q["due_gated_pull_groups"], app_id, deployment)
+        scope = PullScope(app_id, deployment)
+        claimed += await claim_gated(conn, groups, lease, room, scope=scope)
     return claimed
 
 

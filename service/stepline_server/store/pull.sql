@@ -1,11 +1,13 @@
 -- Pull apps: their workers' polls lease runs.
 
 -- name: due_gated_pull_groups
--- As due_gated_groups, for the runs of pull app $1.
+-- As due_gated_groups, for the runs of pull app $1 on deployment $2 (as claim_pull).
 SELECT 'capped' AS kind, project_id, workflow, concurrency_key AS key,
        min((options ->> 'concurrency')::integer) AS cap, NULL::bigint AS period_ms
 FROM runs
 WHERE pull AND app_id = $1 AND ready_at <= now() AND NOT held
+  AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
+      = coalesce($2::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
   AND options ->> 'concurrency' IS NOT NULL
   AND (deadline_at IS NULL OR deadline_at > now())
 GROUP BY project_id, workflow, concurrency_key
@@ -15,6 +17,8 @@ SELECT 'rate', project_id, workflow, rate_key,
        max((options -> 'rateLimit' ->> 'periodMs')::bigint)
 FROM runs
 WHERE pull AND app_id = $1 AND ready_at <= now() AND started_at IS NULL
+  AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
+      = coalesce($2::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
   AND NOT cancel_requested AND options -> 'rateLimit' IS NOT NULL
   AND (deadline_at IS NULL OR deadline_at > now())
 GROUP BY project_id, workflow, rate_key;

@@ -17,6 +17,7 @@ from stepline_server import params
 from stepline_server.ui import pages_admin as admin
 from stepline_server.ui import pages_alerts as alerts
 from stepline_server.ui import pages_bulk as bulk
+from stepline_server.ui import pages_deployments as deployments
 from stepline_server.ui import pages_runs as runs
 from stepline_server.ui import render
 from stepline_server.ui.web import Shared, endpoint
@@ -87,6 +88,17 @@ def dashboard(state: State) -> ASGIApp:
         Route("/workflows", endpoint(s, admin.workflows_page)),
         Route("/apps", endpoint(s, admin.apps_page)),
         Route("/apps/{app}/sync", endpoint(s, admin.sync_app, **w), methods=["POST"]),
+        Route("/apps/{app}", endpoint(s, deployments.app_page)),
+        Route(
+            "/apps/{app}/deployments/{deployment}/move",
+            endpoint(s, deployments.move_runs, **w),
+            methods=["POST"],
+        ),
+        Route(
+            "/apps/{app}/deployments/{deployment}/delete",
+            endpoint(s, deployments.delete, **w),
+            methods=["POST"],
+        ),
         *(
             Route(f"/{what}/{{{key}}}/{action}", endpoint(s, change, **w), methods=["POST"])
             for what, key, change in (
