@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from stepline_server.api.errors import NotFound
+from stepline.wire import parse_duration
+from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.engine import access
 
 if TYPE_CHECKING:
@@ -26,6 +27,20 @@ async def project(request: Request) -> uuid.UUID:
 
     ctx = auth.require_role(await auth.caller(request), access.needed_for(request.method))
     return ctx.environment_id
+
+
+MAX_WAIT = 60.0  # the longest a long poll (``?wait=``) holds a request
+
+
+def wait_seconds(request: Request) -> float:
+    """The request's ``?wait=`` duration in seconds, at most :data:`MAX_WAIT` (0 without it);
+    422 when it is no duration."""
+    if "wait" not in request.query_params:
+        return 0.0
+    try:
+        return min(MAX_WAIT, parse_duration(request.query_params["wait"]))
+    except ValueError as exc:
+        raise ValidationFailed(str(exc), {"fields": {"wait": str(exc)}}) from None
 
 
 def path_uuid(request: Request, name: str, what: str) -> uuid.UUID:

@@ -14,10 +14,9 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline.wire import parse_duration
 from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination, patience
-from stepline_server.api.context import orch, path_uuid, project
+from stepline_server.api.context import orch, path_uuid, project, wait_seconds
 from stepline_server.api.errors import (
     ApiError,
     InvalidState,
@@ -34,7 +33,6 @@ from stepline_server.store.db import Conn, Record
 if TYPE_CHECKING:
     from stepline_server.orchestrator import Orchestrator
 
-MAX_WAIT = 60.0
 RECHECK_SECONDS = 5.0  # a long poll reads the run again at least this often
 
 
@@ -179,12 +177,7 @@ async def _create(
 async def get_run(request: Request) -> Response:
     pid = await project(request)
     run_id = path_uuid(request, "runId", "run")
-    wait = 0.0
-    if "wait" in request.query_params:
-        try:
-            wait = min(MAX_WAIT, parse_duration(request.query_params["wait"]))
-        except ValueError as exc:
-            raise ValidationFailed(str(exc), {"fields": {"wait": str(exc)}}) from None
+    wait = wait_seconds(request)
     o = orch(request)
     deadline = time.monotonic() + wait
     while True:

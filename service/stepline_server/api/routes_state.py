@@ -16,16 +16,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.protocol import state_key_problem
-from stepline.wire import parse_duration
 from stepline_server import serialize
-from stepline_server.api.context import orch, path_uuid, project
+from stepline_server.api.context import orch, path_uuid, project, wait_seconds
 from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.api.responses import json_response
 from stepline_server.engine import runs as rules
 from stepline_server.store import runs, state
 from stepline_server.store.db import Record
 
-MAX_WAIT = 60.0
 """The longest ``?wait=`` a read of a key waits (a longer one is cut to this)."""
 RECHECK_SECONDS = 5.0  # a long poll reads again at least this often
 
@@ -50,12 +48,7 @@ async def get_state_key(request: Request) -> Response:
     problem = state_key_problem(key)
     if problem is not None:
         raise ValidationFailed(problem, {"fields": {"key": problem}})
-    wait = 0.0
-    if "wait" in request.query_params:
-        try:
-            wait = min(MAX_WAIT, parse_duration(request.query_params["wait"]))
-        except ValueError as exc:
-            raise ValidationFailed(str(exc), {"fields": {"wait": str(exc)}}) from None
+    wait = wait_seconds(request)
     o = orch(request)
     deadline = time.monotonic() + wait
     while True:
