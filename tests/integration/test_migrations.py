@@ -29,10 +29,16 @@ IGNORED_TABLE = "stepline_migrations"
 # Each query returns rows that describe one part of the public schema, independent of the
 # database it runs in; stepline_migrations (the runner's bookkeeping) is left out.
 SCHEMA_QUERIES = {
+    "schemas": """
+        SELECT nspname FROM pg_namespace
+        WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' AND $1::text IS NOT NULL
+    """,
     "relations": """
-        SELECT c.relname, c.relkind::text, c.relpersistence::text
+        SELECT c.relname, c.relkind::text, c.relpersistence::text,
+               coalesce(c.reloptions::text, ''), c.relrowsecurity, c.relforcerowsecurity,
+               c.relreplident::text
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
           AND c.relname <> $1
     """,
     "columns": """
@@ -46,13 +52,13 @@ SCHEMA_QUERIES = {
         JOIN pg_namespace n ON n.oid = c.relnamespace
         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
-        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
           AND c.relname <> $1 AND a.attnum > 0 AND NOT a.attisdropped
     """,
     "constraints": """
         SELECT coalesce(c.relname, ''), coalesce(t.typname, ''), con.conname,
                con.contype::text, pg_get_constraintdef(con.oid), con.condeferrable,
-               con.condeferred
+               con.condeferred, con.convalidated, con.connoinherit
         FROM pg_constraint con
         JOIN pg_namespace n ON n.oid = con.connamespace
         LEFT JOIN pg_class c ON c.oid = con.conrelid
@@ -62,6 +68,32 @@ SCHEMA_QUERIES = {
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
         WHERE schemaname = 'public' AND tablename <> $1
+    """,
+    "policies": """
+        SELECT tablename, policyname, permissive, roles::text, cmd, coalesce(qual, ''),
+               coalesce(with_check, '')
+        FROM pg_policies WHERE schemaname = 'public' AND tablename <> $1
+    """,
+    "sequences": """
+        SELECT c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmax,
+               s.seqmin, s.seqcache, s.seqcycle,
+               coalesce(owner.relname || '.' || a.attname, '')
+        FROM pg_sequence s
+        JOIN pg_class c ON c.oid = s.seqrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = c.oid
+             AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')
+        LEFT JOIN pg_class owner ON owner.oid = d.refobjid
+        LEFT JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+        WHERE n.nspname = 'public' AND coalesce(owner.relname, '') <> $1
+    """,
+    "types": """
+        SELECT t.typname, t.typtype::text, format_type(t.typbasetype, t.typtypmod), t.typnotnull,
+               coalesce(t.typdefault, '')
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        LEFT JOIN pg_class c ON c.oid = t.typrelid
+        WHERE n.nspname = 'public' AND t.typcategory <> 'A'
+          AND (c.oid IS NULL OR c.relkind = 'c') AND $1::text IS NOT NULL
     """,
     "enums": """
         SELECT t.typname, array_agg(e.enumlabel::text ORDER BY e.enumsortorder)
@@ -87,18 +119,55 @@ SCHEMA_QUERIES = {
           )
     """,
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prokind::text,
+               CASE WHEN p.prokind IN ('f', 'p') THEN pg_get_functiondef(p.oid) ELSE '' END
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname = 'public' AND p.prokind IN ('f', 'p') AND $1::text IS NOT NULL
+        WHERE n.nspname = 'public' AND $1::text IS NOT NULL
     """,
     "triggers": """
-        SELECT c.relname, tg.tgname, pg_get_triggerdef(tg.oid)
+        SELECT c.relname, tg.tgname, pg_get_triggerdef(tg.oid), tg.tgenabled::text
         FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND NOT tg.tgisinternal AND c.relname <> $1
     """,
     "extensions": "SELECT extname FROM pg_extension WHERE $1::text IS NOT NULL",
 }
+
+
+# One change of each kind a migration could leave behind, with the part that must notice it: the
+# parity test below is only as strict as these show describe_schema to be.
+SCHEMA_CHANGES = [
+    ("schemas", "CREATE SCHEMA extra"),
+    ("relations", "ALTER TABLE runs SET (fillfactor = 90)"),
+    ("relations", "CREATE TABLE extra (id integer)"),
+    ("columns", "ALTER TABLE runs ALTER COLUMN trigger SET DEFAULT 'cron'"),
+    ("columns", "ALTER TABLE runs ALTER COLUMN parent_step SET NOT NULL"),
+    ("columns", "ALTER TABLE runs ALTER COLUMN rate_key TYPE varchar(64)"),
+    ("columns", "ALTER TYPE lease_claim ADD ATTRIBUTE extra integer"),
+    ("constraints", "ALTER TABLE apps DROP CONSTRAINT apps_url_of_kind"),
+    (
+        "constraints",
+        "ALTER TABLE steps DROP CONSTRAINT steps_attempt_check, "
+        "ADD CONSTRAINT steps_attempt_check CHECK (attempt >= 1) NOT VALID",
+    ),
+    ("indexes", "DROP INDEX runs_paused"),
+    ("indexes", "ALTER INDEX runs_ready SET (fillfactor = 70)"),
+    ("policies", "CREATE POLICY extra ON runs USING (true)"),
+    ("sequences", "ALTER SEQUENCE server_secrets_id_seq INCREMENT 2"),
+    ("sequences", "ALTER SEQUENCE server_secrets_id_seq OWNED BY NONE"),
+    ("types", "CREATE DOMAIN extra AS integer"),
+    ("enums", "ALTER TYPE step_kind ADD VALUE 'extra' BEFORE 'run'"),
+    ("comments", "COMMENT ON COLUMN runs.held IS 'changed'"),
+    ("comments", "COMMENT ON CONSTRAINT apps_url_of_kind ON apps IS 'added'"),
+    (
+        "functions",
+        "CREATE OR REPLACE FUNCTION woken_ready_at(lease_token text, ready_at timestamptz)"
+        " RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT now() $$",
+    ),
+    ("functions", "ALTER FUNCTION stepline_database_id() VOLATILE"),
+    ("triggers", "ALTER TABLE steps DISABLE TRIGGER steps_version"),
+    ("extensions", "CREATE EXTENSION citext"),
+]
 
 
 def database_dsn(dsn: str, database: str) -> str:
@@ -152,6 +221,43 @@ async def test_migrations_build_the_schema_in_schema_sql(admin_dsn: str) -> None
     assert expected["relations"], "schema.sql created no tables"
     for part in SCHEMA_QUERIES:
         assert actual[part] == expected[part], f"migrations and schema.sql differ in {part}"
+
+
+async def test_schema_comparison_sees_each_kind_of_change(admin_dsn: str) -> None:
+    """Each part describe_schema compares notices a change of its kind: the parity test can fail."""
+    assert {part for part, _ in SCHEMA_CHANGES} == set(SCHEMA_QUERIES)
+    async with scratch_database(admin_dsn) as dsn:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(migrate.schema_sql())
+            base = await describe_schema(conn)
+            for part, change in SCHEMA_CHANGES:
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    await conn.execute(change)
+                    changed = await describe_schema(conn)
+                finally:
+                    await transaction.rollback()
+                assert changed[part] != base[part], f"{part} missed: {change}"
+        finally:
+            await conn.close()
+
+
+def test_schema_sql_is_folded() -> None:
+    """schema.sql states each object once in its final form: nothing altered, dropped, replaced."""
+    # Drop comments and string literals (whichever starts first), so only statements are read.
+    code = re.sub(r"'(?:[^']|'')*'|--[^\n]*", "", migrate.schema_sql())
+    patches = re.findall(r"\b(?:ALTER|DROP)\s+\w+|\bOR\s+REPLACE\b", code, re.IGNORECASE)
+    assert patches == []
+    created = re.findall(
+        r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+)?(TABLE|TYPE|INDEX|FUNCTION|TRIGGER|SEQUENCE|VIEW)"
+        r"\s+(\w+)",
+        code,
+        re.IGNORECASE,
+    )
+    assert len(created) > 40
+    assert sorted(created) == sorted(set(created)), "an object is created twice"
 
 
 async def test_apply_migrations_applies_every_file_once(admin_dsn: str) -> None:

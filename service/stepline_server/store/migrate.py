@@ -4,7 +4,9 @@ Each migration runs in its own transaction that first takes a transaction-level 
 so orchestrators starting together apply each file exactly once: the second waits, then finds
 the version recorded in ``stepline_migrations`` and skips it. A migration file therefore must
 not contain statements that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``).
-``schema.sql`` is the current truth; a test checks that the migrations produce exactly it.
+``schema.sql`` is the current truth, folded: each object once, in its final form, never the
+migrations pasted in order. A test checks that the migrations produce exactly it, so a new
+migration changes ``schema.sql`` in the same commit.
 
 These few statements stay here rather than in a queries file: they bootstrap the database
 before anything else in the store can run.

@@ -1,17 +1,13 @@
--- The current truth of Stepline's database. Numbered migrations in migrations/ must produce
--- exactly this schema (a test checks it).
+-- The current truth of Stepline's database, folded: each type, table, index and function once,
+-- in its final form. The numbered migrations in migrations/ must produce exactly this schema
+-- (a test checks it); change both together. A table's columns are in the order the migrations
+-- added them (PostgreSQL cannot reorder columns), so its newer columns come last.
 --
 -- Scoped tables name their scope column project_id; it holds an environment id (environments
 -- belong to projects), so a key, which sees one environment, filters every query by it.
 
-CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
-COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
-
-CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke', 'state');
-COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run; state: ctx.set_state (its key''s value is kept in run_state)';
-
-CREATE TYPE step_status AS ENUM ('running', 'retrying', 'completed', 'failed', 'cancelled', 'sleeping', 'waiting');
-COMMENT ON TYPE step_status IS 'running: started; retrying: next attempt due at wake_at; completed: has output; failed: has error; cancelled: the run was cancelled while it waited; sleeping: until wake_at; waiting: callback, event or child';
+-- Tenancy: projects, their environments, the keys that see one environment, dashboard
+-- sessions, and the server's signing secrets.
 
 CREATE TABLE projects (
     id uuid PRIMARY KEY,
@@ -27,8 +23,8 @@ CREATE TABLE environments (
     definitions_version integer NOT NULL DEFAULT 0,
     UNIQUE (project_id, name)
 );
-COMMENT ON COLUMN environments.definitions_version IS 'The newest version of the environment''s workflow definitions (0: none synced yet).';
 COMMENT ON TABLE environments IS 'An environment of a project. Every scoped table''s project_id column holds an environment id: a key sees one environment.';
+COMMENT ON COLUMN environments.definitions_version IS 'The newest version of the environment''s workflow definitions (0: none synced yet).';
 
 CREATE TABLE api_keys (
     id uuid PRIMARY KEY,
@@ -45,6 +41,17 @@ COMMENT ON COLUMN api_keys.role IS 'owner: everything in every environment of it
 COMMENT ON COLUMN api_keys.prefix IS 'The first characters of the key, shown in lists so a person can tell keys apart.';
 COMMENT ON COLUMN api_keys.revoked_at IS 'When the key was revoked; a revoked key is refused.';
 
+CREATE TABLE dashboard_sessions (
+    id_hash text PRIMARY KEY,
+    key_id uuid NOT NULL REFERENCES api_keys (id) ON DELETE CASCADE,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);
+COMMENT ON TABLE dashboard_sessions IS 'A signed-in dashboard session: the cookie holds a random id, this row its SHA-256 and the key it signed in with. Signing out deletes it; revoking the key deletes its sessions.';
+COMMENT ON COLUMN dashboard_sessions.expires_at IS 'The session ends then (12 hours after its last request); an expired row is never used and is deleted at the next sign-in.';
+CREATE INDEX dashboard_sessions_key ON dashboard_sessions (key_id);
+CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at);
+
 CREATE TABLE server_secrets (
     id serial PRIMARY KEY,
     secret text NOT NULL,
@@ -52,16 +59,7 @@ CREATE TABLE server_secrets (
 );
 COMMENT ON TABLE server_secrets IS 'Keys that sign callback URLs: the newest signs, all verify.';
 
-CREATE TABLE dashboard_sessions (
-    id_hash text PRIMARY KEY,
-    key_id uuid NOT NULL REFERENCES api_keys (id) ON DELETE CASCADE,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz NOT NULL
-);
-CREATE INDEX dashboard_sessions_key ON dashboard_sessions (key_id);
-CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at);
-COMMENT ON TABLE dashboard_sessions IS 'A signed-in dashboard session: the cookie holds a random id, this row its SHA-256 and the key it signed in with. Signing out deletes it; revoking the key deletes its sessions.';
-COMMENT ON COLUMN dashboard_sessions.expires_at IS 'The session ends then (12 hours after its last request); an expired row is never used and is deleted at the next sign-in.';
+-- Apps, their deployments, and the workflows a sync declared.
 
 CREATE TABLE apps (
     id uuid PRIMARY KEY,
@@ -76,12 +74,31 @@ CREATE TABLE apps (
     updated_at timestamptz NOT NULL DEFAULT now(),
     kind text NOT NULL DEFAULT 'push' CHECK (kind IN ('push', 'pull')),
     polled_at timestamptz,
+    paused_at timestamptz,
+    protocol_version integer NOT NULL DEFAULT 1 CHECK (protocol_version >= 1),
+    sdk_version text,
     UNIQUE (project_id, name),
     CONSTRAINT apps_url_of_kind CHECK ((kind = 'push') = (url IS NOT NULL))
 );
 COMMENT ON COLUMN apps.signing_secrets IS 'Newest first: the first signs invocations.';
 COMMENT ON COLUMN apps.kind IS 'push: the orchestrator POSTs invocations to url; pull: workers poll for them (no url).';
 COMMENT ON COLUMN apps.polled_at IS 'When a worker of a pull app last polled for invocations.';
+COMMENT ON COLUMN apps.paused_at IS 'When the app was paused (NULL: not paused): none of its runs is invoked until it is resumed.';
+COMMENT ON COLUMN apps.protocol_version IS 'The protocol version the app declared at its last sync (1 when it declared none): only features of that version are used when invoking it.';
+COMMENT ON COLUMN apps.sdk_version IS 'The SDK version the app declared at its last sync.';
+
+CREATE TABLE deployments (
+    id uuid PRIMARY KEY,
+    app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
+    deployment_id text,
+    url text,
+    current boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE deployments IS 'The deployments of an app, each at its own URL (none for a pull app: its workers declare their deployment id). The current one (one per app) is where new runs start; the app''s url is its url.';
+COMMENT ON COLUMN deployments.deployment_id IS 'The id the deployment goes by: given when it was registered, else what it answered at its registration sync. NULL on the current deployment: the app''s deployment_id (what it last answered or synced with).';
+CREATE UNIQUE INDEX deployments_current ON deployments (app_id) WHERE current;
+CREATE INDEX deployments_app ON deployments (app_id, created_at);
 
 CREATE TABLE workflows (
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -90,9 +107,16 @@ CREATE TABLE workflows (
     options jsonb NOT NULL DEFAULT '{}',
     synced_at timestamptz NOT NULL DEFAULT now(),
     version integer NOT NULL DEFAULT 1,
+    paused_at timestamptz,
     PRIMARY KEY (project_id, name)
 );
 COMMENT ON COLUMN workflows.version IS 'The definitions version of the sync that last changed this workflow''s app.';
+COMMENT ON COLUMN workflows.paused_at IS 'When the workflow was paused (NULL: not paused): none of its runs is invoked until it is resumed.';
+
+-- Runs.
+
+CREATE TYPE run_status AS ENUM ('running', 'cancelling', 'completed', 'failed', 'cancelled', 'timedOut');
+COMMENT ON TYPE run_status IS 'running: in progress, also while it sleeps or waits; cancelling: cancel requested, cleanup may run; completed: returned; failed: raised or could not be invoked; cancelled: cancel finished; timedOut: past its time limit';
 
 CREATE TABLE runs (
     id uuid PRIMARY KEY,
@@ -142,12 +166,19 @@ CREATE TABLE runs (
     generation integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
     history_snapshot pg_snapshot,
     history_invocation uuid,
+    paused boolean NOT NULL DEFAULT false,
+    first_input jsonb,
+    history_db text,
+    history_acked uuid,
+    event_key text,
+    deployment uuid REFERENCES deployments (id) ON DELETE SET NULL,
     CHECK ((status IN ('running', 'cancelling')) = (ended_at IS NULL)),
     CHECK (ready_at IS NULL OR status IN ('running', 'cancelling'))
 ) WITH (fillfactor = 80);
 COMMENT ON TABLE runs IS 'Room is left in each page (fillfactor) so the frequent updates of unindexed columns stay in place.';
 COMMENT ON COLUMN runs.ready_at IS 'When the dispatcher should next claim the run: due work, a timer, a timeout, or the end of the current lease. NULL: nothing to do until something wakes it.';
 COMMENT ON COLUMN runs.lease_token IS 'Fencing token of the active invocation; NULL when none is active.';
+COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
 COMMENT ON COLUMN runs.progress_at IS 'When the active invocation last committed (its claim or a progress call): an event wait recorded after it also takes events received since.';
 COMMENT ON COLUMN runs.progress_seq IS 'The last progress call of the active invocation that was applied: a call sent again (its answer lost) is not applied twice.';
 COMMENT ON COLUMN runs.held IS 'Due, but its workflow''s concurrency was full: it waits (ready_at at its deadline) until an invocation of the workflow ends.';
@@ -159,32 +190,75 @@ COMMENT ON COLUMN runs.definition_version IS 'The definitions version of its wor
 COMMENT ON COLUMN runs.log_lines IS 'Log lines kept (run_logs rows): the seq of the last one.';
 COMMENT ON COLUMN runs.log_bytes IS 'Size of the log lines kept (message and fields as JSON), counted against the cap.';
 COMMENT ON COLUMN runs.logs_dropped IS 'Log lines dropped past the cap (1,000 lines or 1 MiB a run); once one is dropped, no newer line is kept.';
-COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 COMMENT ON COLUMN runs.priority IS 'Among due runs of a workflow, higher priority is claimed first (-100 to 100, default 0).';
 COMMENT ON COLUMN runs.rate_key IS 'The value of the workflow''s rate limit key field in the input: the limit counts starts per value (NULL: the field is missing, or the limit has no key).';
+COMMENT ON COLUMN runs.pull IS 'The run''s app is a pull app: its workers'' polls claim it, the dispatcher only ends it past its time limit.';
 COMMENT ON COLUMN runs.generation IS 'Counts from 1; each continue_as_new starts the next, with the new input and no steps.';
 COMMENT ON COLUMN runs.history_snapshot IS 'The snapshot the steps of the run''s last invocation were read under: the next one gets only the steps written by transactions it did not see. NULL: the next one gets every step (a retry or continue_as_new removed steps, or none began).';
 COMMENT ON COLUMN runs.history_invocation IS 'The invocation that was sent the history as of history_snapshot (the base the app lays the next changes over).';
-COMMENT ON COLUMN runs.wake_seq IS 'Bumped by every outside wake-up (callback, event, child end, cancel) so an invocation that ends suspended knows it must run again.';
+COMMENT ON COLUMN runs.paused IS 'Due while its workflow or app was paused: set aside (ready_at at its deadline, no lease) until the pause ends.';
+COMMENT ON COLUMN runs.first_input IS 'The input the run was started with, once it has continued as new (input is then the current generation''s); NULL while it is in its first generation.';
+COMMENT ON COLUMN runs.history_db IS 'stepline_database_id() of the database history_snapshot was taken in: in any other, the next invocation gets every step.';
+COMMENT ON COLUMN runs.history_acked IS 'The last invocation of the run answered by an SDK that reads history deltas (its answer declared protocol 3 or newer): the next invocation carries only what changed since history_invocation when this is history_invocation, else every step.';
+COMMENT ON COLUMN runs.event_key IS 'The id the sender gave the event that started the run (events.key), or NULL: its eventId is then event_id.';
+COMMENT ON COLUMN runs.deployment IS 'The deployment the run is invoked at: the app''s current one when it started (a child run of the same app: its parent''s), until it ends or is moved. NULL: its deployment was deleted after it ended; it goes to the current one.';
+-- Lookups and lists.
 CREATE UNIQUE INDEX runs_run_key ON runs (project_id, run_key) WHERE run_key IS NOT NULL;
+CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
+CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
+CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
+CREATE INDEX runs_app ON runs (app_id);
+CREATE INDEX runs_deployment ON runs (deployment);
+CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
+-- Claims: due runs (push runs by the dispatcher, pull runs by their workers' polls).
 CREATE INDEX runs_ready ON runs (ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
 CREATE INDEX runs_ready_priority ON runs (priority DESC, ready_at) WHERE ready_at IS NOT NULL AND NOT pull;
 CREATE INDEX runs_ready_workflow ON runs (project_id, workflow, ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX runs_pull_ready ON runs (app_id, ready_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_deadline ON runs (deadline_at) WHERE ready_at IS NOT NULL AND pull;
 CREATE INDEX runs_pull_leased ON runs (app_id, ready_at) WHERE pull AND lease_token IS NOT NULL;
-CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
-CREATE INDEX runs_created ON runs (project_id, created_at DESC, id DESC);
-CREATE INDEX runs_app ON runs (app_id);
-CREATE INDEX runs_workflow_created ON runs (project_id, workflow, created_at DESC, id DESC);
-CREATE INDEX runs_status_created ON runs (project_id, status, created_at DESC, id DESC);
-CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
-CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
+-- Flow control: concurrency caps, rate limits, singletons, pauses.
 CREATE INDEX runs_leased ON runs (project_id, workflow, concurrency_key) WHERE lease_token IS NOT NULL;
 CREATE INDEX runs_held ON runs (project_id, workflow, concurrency_key, priority DESC, created_at) WHERE held;
+CREATE INDEX runs_rate_starts ON runs (project_id, workflow, started_at) WHERE options ? 'rateLimit';
 CREATE UNIQUE INDEX runs_singleton ON runs (project_id, workflow, singleton_key)
     WHERE singleton_key IS NOT NULL AND ended_at IS NULL;
-CREATE INDEX runs_schedule ON runs (schedule_id, status) WHERE schedule_id IS NOT NULL;
+CREATE INDEX runs_paused ON runs (project_id, workflow, priority DESC, created_at) WHERE paused;
+-- Retention sweeps, and the way-forward check (the runs with no due time only).
+CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX runs_active_created ON runs (created_at) WHERE ended_at IS NULL;
+CREATE INDEX runs_without_due ON runs (id) WHERE ready_at IS NULL AND ended_at IS NULL;
+
+-- Debounces and batches: starts gathered into one run until the gathering fires.
+CREATE TABLE run_gatherings (
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
+    workflow text NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('debounce', 'batch')),
+    key text NOT NULL,
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    starts integer NOT NULL DEFAULT 1 CHECK (starts >= 1),
+    event_ids jsonb NOT NULL DEFAULT '[]',
+    first_at timestamptz NOT NULL DEFAULT now(),
+    last_at timestamptz NOT NULL DEFAULT now(),
+    fire_at timestamptz NOT NULL,
+    PRIMARY KEY (project_id, workflow, kind, key)
+);
+COMMENT ON TABLE run_gatherings IS 'Open debounces and batches: starts (API or event) of a workflow with one key value gathered into one run, which has no due time until the gathering fires (the row is then deleted and the run made due).';
+COMMENT ON COLUMN run_gatherings.key IS 'The value of the workflow''s debounce or batch key field in the start''s input or event data, as canonical JSON; * without a key field.';
+COMMENT ON COLUMN run_gatherings.starts IS 'How many starts (a debounce) or events (a batch) the run has gathered.';
+COMMENT ON COLUMN run_gatherings.event_ids IS 'The ids of the events gathered, in order, as their senders see them.';
+COMMENT ON COLUMN run_gatherings.fire_at IS 'When the gathering fires: a debounce its period after the last start (at most max wait after the first), a batch its wait after the first event.';
+CREATE UNIQUE INDEX run_gatherings_run ON run_gatherings (run_id);
+CREATE INDEX run_gatherings_due ON run_gatherings (fire_at);
+
+-- Steps and what they wait for: callbacks and events.
+
+CREATE TYPE step_kind AS ENUM ('run', 'sleep', 'value', 'callback', 'event', 'invoke', 'state');
+COMMENT ON TYPE step_kind IS 'run: a user function; sleep: a timer; value: now/uuid; callback: a signed URL; event: waits for POST /v1/events; invoke: a child run; state: ctx.set_state (its key''s value is kept in run_state)';
+
+CREATE TYPE step_status AS ENUM ('running', 'retrying', 'completed', 'failed', 'cancelled', 'sleeping', 'waiting');
+COMMENT ON TYPE step_status IS 'running: started; retrying: next attempt due at wake_at; completed: has output; failed: has error; cancelled: the run was cancelled while it waited; sleeping: until wake_at; waiting: callback, event or child';
 
 CREATE TABLE steps (
     run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
@@ -209,7 +283,11 @@ CREATE TABLE steps (
     version xid8 NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (run_id, name)
 );
+COMMENT ON COLUMN steps.output_bytes IS 'Bytes of the result''s JSON text (NULL without one): large results are sent to the app by reference.';
+COMMENT ON COLUMN steps.output_digest IS 'MD5 of the result''s JSON text, so the SDK can check a result it fetched by reference.';
 COMMENT ON COLUMN steps.version IS 'The transaction that last wrote the row (set on insert, and on every update by steps_version): the history an invocation gets is what changed since a snapshot.';
+CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
+
 CREATE FUNCTION steps_stamp_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.version := pg_current_xact_id();
@@ -219,9 +297,6 @@ $$;
 COMMENT ON FUNCTION steps_stamp_version() IS 'Stamps an updated step row with the transaction writing it.';
 CREATE TRIGGER steps_version BEFORE UPDATE ON steps
     FOR EACH ROW EXECUTE FUNCTION steps_stamp_version();
-COMMENT ON COLUMN steps.output_bytes IS 'Bytes of the result''s JSON text (NULL without one): large results are sent to the app by reference.';
-COMMENT ON COLUMN steps.output_digest IS 'MD5 of the result''s JSON text, so the SDK can check a result it fetched by reference.';
-CREATE INDEX steps_event_waits ON steps (project_id, event_name) WHERE kind = 'event' AND status = 'waiting';
 
 CREATE TABLE callbacks (
     id uuid PRIMARY KEY,
@@ -234,6 +309,7 @@ CREATE TABLE callbacks (
     completed_at timestamptz,
     timeout_at timestamptz
 );
+CREATE INDEX callbacks_run ON callbacks (run_id);
 
 CREATE TABLE events (
     id uuid PRIMARY KEY,
@@ -248,6 +324,9 @@ COMMENT ON TABLE events IS 'Events sent with POST /v1/events, kept a day so a wa
 COMMENT ON COLUMN events.key IS 'The id the sender gave (the row''s id is derived from it), or NULL.';
 COMMENT ON COLUMN events.answer IS 'What sending it answered: a second send of the same id answers this.';
 CREATE INDEX events_recent ON events (project_id, name, received_at);
+CREATE INDEX events_received ON events (received_at);
+
+-- What a run leaves behind: its history, its logs, its published state.
 
 CREATE TABLE run_events (
     run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
@@ -280,79 +359,29 @@ COMMENT ON TABLE run_logs IS 'Log lines of a run in the order the app wrote them
 COMMENT ON COLUMN run_logs.at IS 'When the app wrote the line (the app''s clock).';
 COMMENT ON COLUMN run_logs.step_name IS 'The step whose execution wrote the line; NULL for lines of the workflow code between steps.';
 
-CREATE TABLE schedules (
-    id text PRIMARY KEY CHECK (id ~ '^wfs_[A-Za-z0-9]+$'),
-    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
-    workflow text NOT NULL,
-    cron text NOT NULL,
-    timezone text NOT NULL DEFAULT 'UTC',
-    input jsonb,
-    overlap text NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
-    misfire text NOT NULL DEFAULT 'fire_once' CHECK (misfire IN ('fire_once', 'skip', 'fire_all')),
-    status text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused', 'disabled', 'completed')),
-    source text NOT NULL DEFAULT 'api' CHECK (source IN ('api', 'code')),
-    disable_after integer NOT NULL DEFAULT 20 CHECK (disable_after >= 0),
-    consecutive_failures integer NOT NULL DEFAULT 0,
-    version integer NOT NULL DEFAULT 1,
-    next_fire_at timestamptz,
-    last_fire_at timestamptz,
-    last_tick_at timestamptz,
-    buffered_tick_at timestamptz,
-    created_at timestamptz NOT NULL DEFAULT now(),
+CREATE TABLE run_state (
+    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    key text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    project_id uuid NOT NULL,
+    value jsonb NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now(),
-    sla_ms bigint CHECK (sla_ms > 0)
+    PRIMARY KEY (run_id, key)
 );
-COMMENT ON COLUMN schedules.sla_ms IS 'The longest start lag (first invocation minus scheduled time) its runs should have; NULL: none.';
-COMMENT ON COLUMN schedules.last_tick_at IS 'The tick cursor: ticks at or before it are never planned again (the newest planned tick, or the time of an edit or resume that restarted counting).';
-COMMENT ON COLUMN schedules.buffered_tick_at IS 'overlap buffer_one: the tick waiting for the active run to end.';
-CREATE UNIQUE INDEX schedules_code ON schedules (project_id, workflow) WHERE source = 'code';
-CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE status = 'active';
+COMMENT ON TABLE run_state IS 'The current value of each key a run published with ctx.set_state (the last set of the key wins; every set is also a state step and a state.set event); deleted with the run.';
+COMMENT ON COLUMN run_state.value IS 'The value as the app sent it (JSON, at most 64 KiB; an envelope when the app encrypts or stores values).';
 
-CREATE TABLE schedule_ticks (
-    schedule_id text NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
-    tick_at timestamptz NOT NULL,
-    version integer NOT NULL,
-    outcome text NOT NULL CHECK (outcome IN ('fired', 'skipped', 'buffered')),
-    reason text,
-    run_id uuid,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (schedule_id, tick_at)
+-- Leases: the one run state machine. A run is leased to an invocation in one place
+-- (lease_runs), whatever path leases it; the fence and pausing live inside it. Orchestrators
+-- beat, so a pull app's lapsed lease can be told lost by its worker or by us.
+
+CREATE TABLE orchestrators (
+    owner text PRIMARY KEY,
+    serving_since timestamptz NOT NULL,
+    seen_at timestamptz NOT NULL
 );
-COMMENT ON TABLE schedule_ticks IS 'One row per planned tick: the primary key makes each tick fire at most once.';
-
--- Retention (0004): an index for every cascade from a deleted run and every sweep.
-CREATE INDEX callbacks_run ON callbacks (run_id);
-CREATE INDEX events_received ON events (received_at);
-CREATE INDEX schedule_ticks_created ON schedule_ticks (created_at);
-CREATE INDEX runs_active_created ON runs (created_at) WHERE ended_at IS NULL;
-
--- One run state machine (0014): pausing, the app's protocol, the database a history snapshot
--- belongs to, and the lease transition every path calls.
--- Pausing: while a workflow or its app is paused, none of its runs is leased to be invoked.
-ALTER TABLE workflows ADD COLUMN paused_at timestamptz;
-COMMENT ON COLUMN workflows.paused_at IS 'When the workflow was paused (NULL: not paused): none of its runs is invoked until it is resumed.';
-ALTER TABLE apps ADD COLUMN paused_at timestamptz;
-COMMENT ON COLUMN apps.paused_at IS 'When the app was paused (NULL: not paused): none of its runs is invoked until it is resumed.';
-ALTER TABLE runs ADD COLUMN paused boolean NOT NULL DEFAULT false;
-COMMENT ON COLUMN runs.paused IS 'Due while its workflow or app was paused: set aside (ready_at at its deadline, no lease) until the pause ends.';
-CREATE INDEX runs_paused ON runs (project_id, workflow, priority DESC, created_at) WHERE paused;
-
--- A run continued as new keeps the input it was started with: a start naming its run key with
--- that input answers the run (idempotent), whatever generation it is in.
-ALTER TABLE runs ADD COLUMN first_input jsonb;
-COMMENT ON COLUMN runs.first_input IS 'The input the run was started with, once it has continued as new (input is then the current generation''s); NULL while it is in its first generation.';
-
--- The protocol an app speaks, as its last sync declared it (1: whole histories only).
-ALTER TABLE apps ADD COLUMN protocol_version integer NOT NULL DEFAULT 1 CHECK (protocol_version >= 1);
-COMMENT ON COLUMN apps.protocol_version IS 'The protocol version the app declared at its last sync (1 when it declared none): only features of that version are used when invoking it.';
-ALTER TABLE apps ADD COLUMN sdk_version text;
-COMMENT ON COLUMN apps.sdk_version IS 'The SDK version the app declared at its last sync.';
-
--- The database a run's history snapshot was taken in: a snapshot of another cluster (a
--- pg_dump restored, a logical copy) or of another timeline (before a failover's promotion) says
--- nothing of this one's transactions.
-ALTER TABLE runs ADD COLUMN history_db text;
-COMMENT ON COLUMN runs.history_db IS 'stepline_database_id() of the database history_snapshot was taken in: in any other, the next invocation gets every step.';
+COMMENT ON TABLE orchestrators IS 'The orchestrators that beat lately, one row each (its lease_owner); a row unseen for a day is forgotten.';
+COMMENT ON COLUMN orchestrators.serving_since IS 'Since when the orchestrator has been up and reaching the database without a break, as of its last beat.';
+COMMENT ON COLUMN orchestrators.seen_at IS 'Its last beat: written every third of a lease while it reaches the database.';
 
 CREATE FUNCTION stepline_database_id() RETURNS text LANGUAGE sql STABLE AS $$
     SELECT (SELECT system_identifier FROM pg_control_system())::text || '/'
@@ -361,7 +390,6 @@ CREATE FUNCTION stepline_database_id() RETURNS text LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION stepline_database_id() IS 'This database''s identity: the cluster''s system identifier, the database''s oid and the timeline (on a primary). A dump restored elsewhere, a logical copy, or a standby promoted has another.';
 
--- What every lease answers: one shape for every caller.
 CREATE TYPE lease_claim AS (
     id uuid,
     project_id uuid,
@@ -396,19 +424,13 @@ RETURNS lease_claim LANGUAGE sql STABLE AS $$
            coalesce(r.cancel_requested, false), coalesce(r.deadline_at <= now(), false),
            r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
            r.concurrency_key, r.generation, r.created_at, r.pull, r.priority, due_in,
-           taken_over, a.url, a.signing_secrets, a.protocol_version
+           taken_over,
+           -- The run's deployment's URL: the app's (its current deployment's) when it has none.
+           coalesce((SELECT d.url FROM deployments d WHERE d.id = r.deployment), a.url),
+           a.signing_secrets, a.protocol_version
     FROM apps a WHERE a.id = r.app_id
 $$;
 COMMENT ON FUNCTION lease_claim_of(runs, double precision, boolean) IS 'A leased run as every lease answers it (lease_runs, and a pull worker''s answer recorded under its lease).';
-
-CREATE TABLE orchestrators (
-    owner text PRIMARY KEY,
-    serving_since timestamptz NOT NULL,
-    seen_at timestamptz NOT NULL
-);
-COMMENT ON TABLE orchestrators IS 'The orchestrators that beat lately, one row each (its lease_owner); a row unseen for a day is forgotten.';
-COMMENT ON COLUMN orchestrators.serving_since IS 'Since when the orchestrator has been up and reaching the database without a break, as of its last beat.';
-COMMENT ON COLUMN orchestrators.seen_at IS 'Its last beat: written every third of a lease while it reaches the database.';
 
 CREATE FUNCTION pull_lease_lapse(r runs, _lease_seconds double precision) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -504,9 +526,51 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION woken_ready_at(text, timestamptz) IS 'The wake rule: a run woken from outside (a callback, an event, a child''s end, a cancel) is due now, or, while an invocation holds it, right after that invocation (whose end sees wake_seq moved and makes it due).';
 
--- The way-forward check reads the runs with no due time only.
-CREATE INDEX runs_without_due ON runs (id) WHERE ready_at IS NULL AND ended_at IS NULL;
--- Bulk actions (0016).
+-- Schedules and the ticks they planned.
+
+CREATE TABLE schedules (
+    id text PRIMARY KEY CHECK (id ~ '^wfs_[A-Za-z0-9]+$'),
+    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
+    workflow text NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL DEFAULT 'UTC',
+    input jsonb,
+    overlap text NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
+    misfire text NOT NULL DEFAULT 'fire_once' CHECK (misfire IN ('fire_once', 'skip', 'fire_all')),
+    status text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused', 'disabled', 'completed')),
+    source text NOT NULL DEFAULT 'api' CHECK (source IN ('api', 'code')),
+    disable_after integer NOT NULL DEFAULT 20 CHECK (disable_after >= 0),
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    version integer NOT NULL DEFAULT 1,
+    next_fire_at timestamptz,
+    last_fire_at timestamptz,
+    last_tick_at timestamptz,
+    buffered_tick_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    sla_ms bigint CHECK (sla_ms > 0)
+);
+COMMENT ON COLUMN schedules.last_tick_at IS 'The tick cursor: ticks at or before it are never planned again (the newest planned tick, or the time of an edit or resume that restarted counting).';
+COMMENT ON COLUMN schedules.buffered_tick_at IS 'overlap buffer_one: the tick waiting for the active run to end.';
+COMMENT ON COLUMN schedules.sla_ms IS 'The longest start lag (first invocation minus scheduled time) its runs should have; NULL: none.';
+CREATE UNIQUE INDEX schedules_code ON schedules (project_id, workflow) WHERE source = 'code';
+CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE status = 'active';
+
+CREATE TABLE schedule_ticks (
+    schedule_id text NOT NULL REFERENCES schedules (id) ON DELETE CASCADE,
+    tick_at timestamptz NOT NULL,
+    version integer NOT NULL,
+    outcome text NOT NULL CHECK (outcome IN ('fired', 'skipped', 'buffered')),
+    reason text,
+    run_id uuid,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (schedule_id, tick_at)
+);
+COMMENT ON TABLE schedule_ticks IS 'One row per planned tick: the primary key makes each tick fire at most once.';
+CREATE INDEX schedule_ticks_created ON schedule_ticks (created_at);
+
+-- Bulk operations: an action over the runs a filter matched at creation.
+
 CREATE TABLE operations (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -521,13 +585,16 @@ CREATE TABLE operations (
     created_at timestamptz NOT NULL DEFAULT now(),
     ended_at timestamptz,
     turn_at timestamptz,
+    deployment uuid,
     CHECK ((status = 'running') = (ended_at IS NULL)),
-    CHECK ((action = 'retryFromStep') = (from_step IS NOT NULL))
+    CHECK ((action = 'retryFromStep') = (from_step IS NOT NULL)),
+    CONSTRAINT operations_move_deployment CHECK ((action = 'move') = (deployment IS NOT NULL))
 );
 COMMENT ON TABLE operations IS 'A bulk action over the runs a filter matched at creation (operation_runs).';
 COMMENT ON COLUMN operations.status IS 'running: runs left to act on; completed: every run acted on or skipped; cancelled: stopped by a request, what was done stays done.';
 COMMENT ON COLUMN operations.succeeded IS 'Counters kept in the transaction that acts on each batch of runs.';
 COMMENT ON COLUMN operations.turn_at IS 'When a batch of it was last claimed (NULL: never); the claims take environments, then their operations, in turn by it.';
+COMMENT ON COLUMN operations.deployment IS 'A move''s deployment: where its runs go (no foreign key: once it is deleted, what is left of the move fails).';
 CREATE INDEX operations_created ON operations (project_id, created_at DESC, id DESC);
 CREATE INDEX operations_running ON operations (created_at) WHERE status = 'running';
 CREATE INDEX operations_ended ON operations (ended_at) WHERE ended_at IS NOT NULL;
@@ -546,7 +613,9 @@ COMMENT ON TABLE operation_runs IS 'The runs of an operation, fixed at its creat
 COMMENT ON COLUMN operation_runs.outcome IS 'NULL: not acted on yet; succeeded: cancel requested or run retried; skipped: it no longer qualified; failed: see error.';
 CREATE INDEX operation_runs_pending ON operation_runs (operation_id, position) WHERE outcome IS NULL;
 CREATE INDEX operation_runs_failed ON operation_runs (operation_id, position) WHERE outcome = 'failed';
--- Alerts (0017).
+
+-- Alerts: rules that notify a person of what went wrong, and the outbox of their notifications.
+
 CREATE TABLE alerts (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
@@ -563,6 +632,7 @@ COMMENT ON TABLE alerts IS 'What to notify (types, optionally of one workflow) a
 COMMENT ON COLUMN alerts.types IS 'The notification types the alert sends: run.failed, run.timedOut, run.stuck, app.unreachable, schedule.disabled, schedule.slaBreached.';
 COMMENT ON COLUMN alerts.secret IS 'Signs webhook bodies (Stepline-Signature), shown once when the alert is made.';
 CREATE INDEX alerts_project ON alerts (project_id, created_at, id);
+
 CREATE TABLE alert_notifications (
     id uuid PRIMARY KEY,
     project_id uuid NOT NULL,
@@ -590,78 +660,3 @@ CREATE UNIQUE INDEX alert_notifications_once ON alert_notifications (alert_id, r
 CREATE INDEX alert_notifications_due ON alert_notifications (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX alert_notifications_alert ON alert_notifications (alert_id, created_at DESC, id DESC);
 CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHERE status <> 'pending';
-ALTER TABLE runs ADD COLUMN history_acked uuid;
-COMMENT ON COLUMN runs.history_acked IS 'The last invocation of the run answered by an SDK that reads history deltas (its answer declared protocol 3 or newer): the next invocation carries only what changed since history_invocation when this is history_invocation, else every step.';
--- A run an event started keeps the id the event's sender gave (0022), shown as its eventId.
-ALTER TABLE runs ADD COLUMN event_key text;
-COMMENT ON COLUMN runs.event_key IS 'The id the sender gave the event that started the run (events.key), or NULL: its eventId is then event_id.';
-
--- Debounces and batches (0025): starts gathered into one run until the gathering fires.
-CREATE TABLE run_gatherings (
-    project_id uuid NOT NULL REFERENCES environments (id) ON DELETE CASCADE,
-    workflow text NOT NULL,
-    kind text NOT NULL CHECK (kind IN ('debounce', 'batch')),
-    key text NOT NULL,
-    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    starts integer NOT NULL DEFAULT 1 CHECK (starts >= 1),
-    event_ids jsonb NOT NULL DEFAULT '[]',
-    first_at timestamptz NOT NULL DEFAULT now(),
-    last_at timestamptz NOT NULL DEFAULT now(),
-    fire_at timestamptz NOT NULL,
-    PRIMARY KEY (project_id, workflow, kind, key)
-);
-COMMENT ON TABLE run_gatherings IS 'Open debounces and batches: starts (API or event) of a workflow with one key value gathered into one run, which has no due time until the gathering fires (the row is then deleted and the run made due).';
-COMMENT ON COLUMN run_gatherings.key IS 'The value of the workflow''s debounce or batch key field in the start''s input or event data, as canonical JSON; * without a key field.';
-COMMENT ON COLUMN run_gatherings.starts IS 'How many starts (a debounce) or events (a batch) the run has gathered.';
-COMMENT ON COLUMN run_gatherings.event_ids IS 'The ids of the events gathered, in order, as their senders see them.';
-COMMENT ON COLUMN run_gatherings.fire_at IS 'When the gathering fires: a debounce its period after the last start (at most max wait after the first), a batch its wait after the first event.';
-CREATE UNIQUE INDEX run_gatherings_run ON run_gatherings (run_id);
-CREATE INDEX run_gatherings_due ON run_gatherings (fire_at);
-
--- Published state (0026): each key's current value, set by ctx.set_state (a step of kind state).
-CREATE TABLE run_state (
-    run_id uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    key text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
-    project_id uuid NOT NULL,
-    value jsonb NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (run_id, key)
-);
-COMMENT ON TABLE run_state IS 'The current value of each key a run published with ctx.set_state (the last set of the key wins; every set is also a state step and a state.set event); deleted with the run.';
-COMMENT ON COLUMN run_state.value IS 'The value as the app sent it (JSON, at most 64 KiB; an envelope when the app encrypts or stores values).';
-
--- Deployments (0027): an app at several URLs; each run pinned to one.
-CREATE TABLE deployments (
-    id uuid PRIMARY KEY,
-    app_id uuid NOT NULL REFERENCES apps (id) ON DELETE CASCADE,
-    deployment_id text,
-    url text,
-    current boolean NOT NULL DEFAULT false,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE UNIQUE INDEX deployments_current ON deployments (app_id) WHERE current;
-CREATE INDEX deployments_app ON deployments (app_id, created_at);
-COMMENT ON TABLE deployments IS 'The deployments of an app, each at its own URL (none for a pull app: its workers declare their deployment id). The current one (one per app) is where new runs start; the app''s url is its url.';
-COMMENT ON COLUMN deployments.deployment_id IS 'The id the deployment goes by: given when it was registered, else what it answered at its registration sync. NULL on the current deployment: the app''s deployment_id (what it last answered or synced with).';
-
-ALTER TABLE runs ADD COLUMN deployment uuid REFERENCES deployments (id) ON DELETE SET NULL;
-COMMENT ON COLUMN runs.deployment IS 'The deployment the run is invoked at: the app''s current one when it started (a child run of the same app: its parent''s), until it ends or is moved. NULL: its deployment was deleted after it ended; it goes to the current one.';
-CREATE INDEX runs_deployment ON runs (deployment);
-
-ALTER TABLE operations ADD COLUMN deployment uuid;
-ALTER TABLE operations ADD CONSTRAINT operations_move_deployment
-    CHECK ((action = 'move') = (deployment IS NOT NULL));
-COMMENT ON COLUMN operations.deployment IS 'A move''s deployment: where its runs go (no foreign key: once it is deleted, what is left of the move fails).';
-
-CREATE OR REPLACE FUNCTION lease_claim_of(r runs, due_in double precision, taken_over boolean)
-RETURNS lease_claim LANGUAGE sql STABLE AS $$
-    SELECT r.id, r.project_id, r.app_id, r.workflow, r.status, r.input, r.options,
-           coalesce(r.cancel_requested, false), coalesce(r.deadline_at <= now(), false),
-           r.lease_token, r.invocation_id, r.invoke_attempts, r.undelivered_since, r.wake_seq,
-           r.concurrency_key, r.generation, r.created_at, r.pull, r.priority, due_in,
-           taken_over,
-           -- The run's deployment's URL: the app's (its current deployment's) when it has none.
-           coalesce((SELECT d.url FROM deployments d WHERE d.id = r.deployment), a.url),
-           a.signing_secrets, a.protocol_version
-    FROM apps a WHERE a.id = r.app_id
-$$;
