@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -28,9 +28,6 @@ from stepline_server.engine import bulk, ids
 from stepline_server.engine import runs as rules
 from stepline_server.store import runs
 from stepline_server.store.db import Record
-
-if TYPE_CHECKING:
-    pass
 
 RECHECK_SECONDS = 5.0  # a long poll reads the run again at least this often
 
