@@ -17,7 +17,7 @@ import uvicorn
 
 import stepline
 from stepline._worker import Worker
-from stepline_server.api.app import build_app
+from stepline_server.asgi import build_app
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
 from stepline_server.store import apps, db, keys

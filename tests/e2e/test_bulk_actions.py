@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import stepline
-from stepline_server.api.app import build_app
+from stepline_server.asgi import build_app
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.store import apps, db, keys, operations
 from tests import support

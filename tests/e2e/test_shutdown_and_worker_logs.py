@@ -14,7 +14,7 @@ import pytest
 import stepline
 from stepline._worker import Worker
 from stepline.cli.worker import configure_logging
-from stepline_server.api.app import build_app
+from stepline_server.asgi import build_app
 from stepline_server.cli import servers, tenancy
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.store import db, keys

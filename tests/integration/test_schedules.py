@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from stepline.protocol import DescribeResponse, ScheduleSpec, WorkflowInfo
-from stepline_server import serialize
+from stepline_server.application import serialize
 from stepline_server.engine import schedules as rules
 from stepline_server.engine.runs import RunStatus
 from stepline_server.loops.scheduler import Scheduler

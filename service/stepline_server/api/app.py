@@ -1,17 +1,17 @@
-"""The Starlette application: every public route, the error handlers, start-up and shutdown."""
+"""The REST API's routes (every public one) and its error handlers; the one ASGI app that
+serves them with the dashboard is built by :mod:`stepline_server.asgi`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from typing import Any
 
-from starlette.applications import Starlette
-from starlette.datastructures import State
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Scope
 
-from stepline_server import authlimits, params, payloads
+from stepline_server import params
 from stepline_server.api import routes_alerts as alerts
 from stepline_server.api import routes_apps as apps
 from stepline_server.api import routes_deployments as deployments
@@ -26,8 +26,6 @@ from stepline_server.api import routes_schedules as schedules
 from stepline_server.api import routes_state as run_state
 from stepline_server.api import routes_tenancy as tenancy
 from stepline_server.api import routes_waits as waits
-from stepline_server.api.auth import KeyCache
-from stepline_server.api.body_timeout import BodyTimeout
 from stepline_server.api.errors import (
     ApiError,
     error_response,
@@ -37,14 +35,11 @@ from stepline_server.api.errors import (
     handle_unavailable,
     handle_unexpected,
 )
-from stepline_server.api.routes_protocol import ProgressFastPath
-from stepline_server.authlimits import AuthFailures
-from stepline_server.orchestrator import Orchestrator
+from stepline_server.application import payloads
 from stepline_server.store import db
-from stepline_server.ui import app as ui
 
 # Starlette tries routes in order: the SDK's progress call, made once per step, comes first
-# (ProgressFastPath answers it before Starlette when the app is built by build_app).
+# (ProgressFastPath answers it before Starlette in the app stepline_server.asgi builds).
 ROUTES: list[BaseRoute] = [
     Route("/v1/invocations/{invocationId}/progress", protocol.progress, methods=["POST"]),
     Route(
@@ -144,46 +139,13 @@ def route_table() -> list[tuple[str, set[str]]]:
     return table
 
 
-def build_app(orchestrator: Orchestrator) -> BodyTimeout:
-    """The orchestrator's ASGI app; its lifespan starts and stops ``orchestrator``."""
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await orchestrator.start()
-        app.state.orchestrator = orchestrator
-        s = orchestrator.settings
-        app.state.auth_failures = AuthFailures(
-            s.auth_failure_limit,
-            s.auth_failure_budget,
-            s.auth_failure_delay_seconds,
-            authlimits.parse_proxies(s.trusted_proxies),
-        )
-        app.state.keys = KeyCache(orchestrator.pool, app.state.auth_failures)
-        try:
-            yield
-        finally:
-            await orchestrator.stop()
-
-    state = State()
-    app = Starlette(
-        routes=ROUTES + ui.routes(state),
-        lifespan=lifespan,
-        exception_handlers={
-            ApiError: handle_api_error,
-            payloads.BadPayload: handle_bad_payload,
-            HTTPException: handle_http_exception,
-            # Handled by type, before the catch-all: Starlette answers the catch-all's
-            # response and then raises again, and the server drops the connection.
-            **{kind: handle_unavailable for kind in db.UNAVAILABLE},
-            Exception: handle_unexpected,
-        },
-    )
-    # A path with a trailing slash is not found rather than redirected: an empty signature
-    # (``/v1/callbacks/{id}/``) must not be sent on to the API-key route.
-    app.router.redirect_slashes = False
-    app.state = state
-    return BodyTimeout(
-        ProgressFastPath(app, app.state),
-        orchestrator.settings.body_timeout_seconds,
-        on_shutdown=orchestrator.closing,
-    )
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Any]] = {
+    ApiError: handle_api_error,
+    payloads.BadPayload: handle_bad_payload,
+    HTTPException: handle_http_exception,
+    # Handled by type, before the catch-all: Starlette answers the catch-all's
+    # response and then raises again, and the server drops the connection.
+    **{kind: handle_unavailable for kind in db.UNAVAILABLE},
+    Exception: handle_unexpected,
+}
+"""How the API answers an error, by its type (the dashboard answers its own under ``/ui``)."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import structlog
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import payloads
-from stepline_server.api.responses import json_response
+from stepline_server.application import payloads
 
 log = structlog.get_logger("stepline.api")
 
@@ -138,7 +138,7 @@ def error_headers(exc: ApiError) -> dict[str, str]:
 
 
 def error_response(exc: ApiError) -> Response:
-    response = json_response(error_body(exc), exc.status)
+    response = Response(orjson.dumps(error_body(exc)), exc.status, media_type="application/json")
     response.headers.update(error_headers(exc))
     return response
 

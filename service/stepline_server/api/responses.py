@@ -9,7 +9,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import payloads
+from stepline_server.api import errors
+from stepline_server.application import payloads
 
 MAX_BODY = payloads.MAX_BYTES
 
@@ -22,11 +23,9 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: bool = False) -> Any:
     """The request's JSON body; 413 past ``limit`` bytes, 400 when it is not JSON, 422 when it
-    cannot be stored as sent (:func:`stepline_server.payloads.parse`, which the dashboard's
-    forms use too: NUL characters, nesting past 64 levels, integers past 64 bits, NaN and
-    Infinity)."""
-    from stepline_server.api import errors
-
+    cannot be stored as sent (:func:`stepline_server.application.payloads.parse`, which the
+    dashboard's forms use too: NUL characters, nesting past 64 levels, integers past 64 bits,
+    NaN and Infinity)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise errors.PayloadTooLarge(f"the request body is larger than {limit} bytes")
@@ -48,8 +47,6 @@ async def read_json(request: Request, limit: int = MAX_BODY, *, allow_empty: boo
 async def refuse_body(request: Request) -> None:
     """For a route that takes no body: ``400 body_not_allowed`` when one was sent (anything
     but nothing, whitespace or ``{}``), before anything is done."""
-    from stepline_server.api import errors
-
     declared = request.headers.get("content-length")
     if declared == "0" or (declared is None and "transfer-encoding" not in request.headers):
         return
@@ -69,8 +66,6 @@ async def read_model(
     request: Request, model: type[M], limit: int = MAX_BODY, *, allow_empty: bool = False
 ) -> M:
     """The request's body validated as ``model``."""
-    from stepline_server.api import errors
-
     data = await read_json(request, limit, allow_empty=allow_empty)
     if data is None:
         data = {}

@@ -9,12 +9,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import alert_input, alerts_json
-from stepline_server.alert_input import AlertCreate, AlertUpdate
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
+from stepline_server.application import alert_input, alerts_json
+from stepline_server.application.alert_input import AlertCreate, AlertUpdate
 from stepline_server.store import alerts
 from stepline_server.store.db import Record
 

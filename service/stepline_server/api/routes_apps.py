@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.protocol import DescribeResponse
-from stepline_server import appsync, serialize
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import (
@@ -20,9 +19,10 @@ from stepline_server.api.errors import (
     from_validation,
 )
 from stepline_server.api.responses import json_response, read_json, read_model, refuse_body
+from stepline_server.application import appsync, serialize
+from stepline_server.application.payloads import AppUrl
 from stepline_server.engine import egress
 from stepline_server.engine import pull as pull_rules
-from stepline_server.payloads import AppUrl
 from stepline_server.store import apps, deployments
 from stepline_server.store.db import Record
 

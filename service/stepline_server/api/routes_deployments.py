@@ -7,7 +7,6 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import appsync, reads, serialize
 from stepline_server.api import routes_apps
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import (
@@ -18,7 +17,8 @@ from stepline_server.api.errors import (
     from_validation,
 )
 from stepline_server.api.responses import json_response, read_model, refuse_body
-from stepline_server.payloads import AppUrl
+from stepline_server.application import actions, appsync, reads, serialize
+from stepline_server.application.payloads import AppUrl
 from stepline_server.store import apps, deployments, runs
 from stepline_server.store.db import Record
 
@@ -116,7 +116,7 @@ async def delete_deployment(request: Request) -> Response:
                 f"{exc}: move them first, or delete with ?moveTo=current",
                 {"runningRuns": exc.count},
             ) from None
-    orch(request).dispatcher.wake()
+    actions.made_due(orch(request))
     return Response(status_code=204)
 
 

@@ -11,11 +11,11 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
+from stepline_server.application import serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import apps, deployments, operations

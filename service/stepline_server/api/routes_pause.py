@@ -6,11 +6,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import serialize
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import NotFound
 from stepline_server.api.responses import json_response
-from stepline_server.store import apps, pause
+from stepline_server.application import actions, serialize
+from stepline_server.store import apps
 
 
 async def _workflow(request: Request, resume: bool) -> Response:
@@ -18,12 +18,9 @@ async def _workflow(request: Request, resume: bool) -> Response:
     name = request.path_params["name"]
     o = orch(request)
     async with o.pool.acquire() as conn:
-        change = pause.resume_workflow if resume else pause.pause_workflow
-        row = await change(conn, pid, name)
+        row = await actions.set_workflow_paused(o, conn, pid, name, paused=not resume)
     if row is None:
         raise NotFound(f"no workflow named {name!r}; sync the app that hosts it")
-    if resume:
-        o.dispatcher.wake()
     return json_response(serialize.workflow(row))
 
 
@@ -42,12 +39,9 @@ async def _app(request: Request, resume: bool) -> Response:
         found = await apps.get(conn, pid, request.path_params["app"])
         if found is None:
             raise NotFound(f"no app {request.path_params['app']!r}")
-        change = pause.resume_app if resume else pause.pause_app
-        row = await change(conn, pid, found["id"])
+        row = await actions.set_app_paused(o, conn, pid, found["id"], paused=not resume)
     if row is None:
         raise NotFound(f"no app {request.path_params['app']!r}")
-    if resume:
-        o.dispatcher.wake()
     return json_response(serialize.app(row))
 
 

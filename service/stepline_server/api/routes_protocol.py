@@ -35,6 +35,7 @@ from stepline_server.api.errors import (
     from_validation,
 )
 from stepline_server.api.responses import json_response
+from stepline_server.application import actions
 from stepline_server.engine.steps import InvalidUpdate, plan_updates
 from stepline_server.store import db
 from stepline_server.store import progress as step_progress
@@ -110,7 +111,7 @@ async def _apply(o: Orchestrator, item: step_progress.Progress) -> step_progress
     """Commit the call, waiting out a database that is briefly away (a restart, a failover)
     rather than failing the step: the call is fenced by its lease and de-duplicated by its seq
     and digest, so a try whose commit was lost comes back as applied."""
-    return await patience.patiently(lambda _again: o.batcher.apply(item), "progress")
+    return await patience.patiently(lambda _again: actions.apply_progress(o, item), "progress")
 
 
 def _check_storable(call: ProgressRequest) -> None:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination, patience
 from stepline_server.api.context import orch, path_uuid, project, wait_seconds
 from stepline_server.api.errors import (
@@ -25,13 +23,11 @@ from stepline_server.api.errors import (
     ValidationFailed,
 )
 from stepline_server.api.responses import json_response, read_model, refuse_body
-from stepline_server.engine import bulk, gathering, ids, inputs
+from stepline_server.application import actions, reads, serialize, starts
+from stepline_server.engine import bulk, ids
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, gatherings, leases, runs, waits
-from stepline_server.store.db import Conn, Record
-
-if TYPE_CHECKING:
-    from stepline_server.orchestrator import Orchestrator
+from stepline_server.store import runs
+from stepline_server.store.db import Record
 
 RECHECK_SECONDS = 5.0  # a long poll reads the run again at least this often
 
@@ -59,119 +55,20 @@ async def start_run(request: Request) -> Response:
         run_key=body.run_key,
         priority=body.priority,
     )
-    return await patience.patiently(lambda again: _start(o, pid, body, new, again), "start")
+    try:
+        started = await patience.patiently(
+            lambda again: starts.start_run(o, new, again=again), "start"
+        )
+    except starts.Refused as exc:
+        raise _REFUSALS.get(exc.code, ApiError)(exc.message, exc.details) from None
+    return json_response(started.answer, 201 if started.created else 200)
 
 
-async def _start(
-    o: Orchestrator, pid: uuid.UUID, body: RunStart, new: runs.NewRun, again: bool
-) -> Response:
-    """Start ``new``; ``again``: a try before this one was cut off at its commit, so the run
-    it may have kept is looked for first (and answered as created)."""
-    # This orchestrator's dispatcher takes the run at once (created leased to it, when it has
-    # room); the others hear of it only when it has none.
-    notify = o.dispatcher.tell_others()
-    with o.dispatcher.slot() as slot:
-        async with o.pool.acquire() as conn, conn.transaction():
-            kept = await runs.get(conn, pid, new.id) if again else None
-            if kept is not None:
-                o.metrics.run_started(body.workflow, "api")
-                answer = await reads.run_json(conn, kept, callback_url=reads.callback_url(o))
-                return json_response(answer, 201)
-            wf = await apps.workflow(conn, pid, body.workflow)
-            if wf is None:
-                raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
-            problems = inputs.input_problems((wf["options"] or {}).get("inputSchema"), body.input)
-            if problems:
-                raise ValidationFailed(
-                    f"the input does not match {body.workflow!r}'s input schema: "
-                    + ", ".join(problems),
-                    {"fields": problems},
-                )
-            spec = gathering.spec_of(wf["options"])
-            if spec is not None and spec.kind == gathering.DEBOUNCE:
-                return await _debounce(o, conn, spec, body, new)
-            row = await _create(conn, wf, body, new, notify=notify)
-            if row["id"] != new.id:  # the run its key or singleton key names, read as GET does
-                found = await runs.get(conn, pid, row["id"])
-                if found is None:  # deleted in between (its app, or retention)
-                    raise ApiError("the run could not be created; try again")
-                answer = await reads.run_json(
-                    conn, found, callback_url=reads.callback_url(o), limits=reads.history_limits(o)
-                )
-                return json_response(answer | {"deduplicated": True}, 200)
-            taken = await leases.take_now(conn, row["id"], slot.lease) if slot.lease else None
-        slot.take(taken)
-    o.metrics.run_started(body.workflow, "api")
-    paused = wf["paused_at"] is not None or wf["app_paused_at"] is not None
-    return json_response(
-        reads.new_run_json(row, paused=paused, limits=reads.history_limits(o)), 201
-    )
-
-
-async def _debounce(
-    o: Orchestrator,
-    conn: Conn,
-    spec: gathering.Spec,
-    body: RunStart,
-    new: runs.NewRun,
-) -> Response:
-    """A start of a debounced workflow: the run it opens (``201``) or the run already gathering
-    its key's starts, given this start's input (``200``, ``debounced: true``)."""
-    problems = gathering.start_problems(spec, body.run_key)
-    if problems:
-        raise ValidationFailed(next(iter(problems.values())), {"fields": problems})
-    got = await gatherings.gather(conn, spec, new)
-    if got is None:
-        raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
-    found = await runs.get(conn, new.project_id, got.run_id)
-    if found is None:
-        raise ApiError("the run could not be created; try again")
-    answer = await reads.run_json(
-        conn, found, callback_url=reads.callback_url(o), limits=reads.history_limits(o)
-    )
-    if got.created is not None:
-        o.metrics.run_started(body.workflow, "api")
-        return json_response(answer, 201)
-    o.metrics.debounce_absorbed(body.workflow)
-    return json_response(answer | {"debounced": True}, 200)
-
-
-async def _create(
-    conn: Conn,
-    wf: Record,
-    body: RunStart,
-    new: runs.NewRun,
-    *,
-    notify: bool,
-) -> Record:
-    """The run created, or the existing run its key names when that has the same workflow and
-    input, or the active run of its singleton key; 409 when the key names another run."""
-    for _ in range(3):
-        row = await runs.insert(conn, new, notify=notify)
-        if row is not None:
-            return row
-        if body.run_key is not None:
-            existing = await runs.by_key(conn, new.project_id, body.run_key)
-            if existing is not None:
-                # A run continued as new is named by the input it was started with.
-                first = existing["first_input"]
-                started_with = existing["input"] if first is None else first
-                if existing["workflow"] == body.workflow and started_with == body.input:
-                    return existing
-                raise RunKeyConflict(
-                    f"run key {body.run_key!r} belongs to run {existing['id']} with a different"
-                    " workflow or input",
-                    {"runId": str(existing["id"])},
-                )
-        field = (wf["options"] or {}).get("singletonKey")
-        if isinstance(field, str):
-            active = await runs.active_singleton(
-                conn, new.project_id, body.workflow, body.input, field
-            )
-            if active is not None:
-                return active
-        # What stood in the way ended or went away in between: try again.
-    raise ApiError("the run could not be created; try again")
+_REFUSALS: dict[str, type[ApiError]] = {
+    "not_found": NotFound,
+    "validation_failed": ValidationFailed,
+    "run_key_conflict": RunKeyConflict,
+}
 
 
 async def get_run(request: Request) -> Response:
@@ -236,12 +133,11 @@ async def cancel_run(request: Request) -> Response:
     o = orch(request)
     async with o.pool.acquire() as conn:
         try:
-            row = await waits.cancel(conn, pid, run_id)
+            row = await actions.cancel_run(o, conn, pid, run_id)
         except rules.RuleError as exc:
             raise InvalidState(str(exc)) from None
         if row is None:
             raise NotFound(f"no run with id {run_id}")
-        o.dispatcher.wake()
         return json_response(
             await reads.run_json(conn, row, callback_url=reads.callback_url(o)), 202
         )

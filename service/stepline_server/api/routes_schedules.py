@@ -13,11 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.wire import to_ms
-from stepline_server import actions, reads, serialize
 from stepline_server.api import pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model, refuse_body
+from stepline_server.application import actions, reads, serialize
 from stepline_server.engine import schedules as rules
 from stepline_server.store import apps, schedules
 from stepline_server.store.db import Conn, Record

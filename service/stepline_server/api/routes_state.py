@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepline.protocol import state_key_problem
-from stepline_server import serialize
 from stepline_server.api.context import orch, path_uuid, project, wait_seconds
 from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.api.responses import json_response
+from stepline_server.application import serialize
 from stepline_server.engine import runs as rules
 from stepline_server.store import runs, state
 from stepline_server.store.db import Record

@@ -12,11 +12,11 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import serialize
 from stepline_server.api import auth
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import Forbidden, InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_model, refuse_body
+from stepline_server.application import serialize
 from stepline_server.engine import access
 from stepline_server.store import keys
 

@@ -10,11 +10,11 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline_server import actions, serialize
 from stepline_server.api import pagination, patience
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound
 from stepline_server.api.responses import json_response, read_json, read_model
+from stepline_server.application import actions, callbacks, serialize
 from stepline_server.store import received_events, waits
 
 if TYPE_CHECKING:
@@ -49,23 +49,15 @@ async def _completed(
 ) -> Response:
     """Complete the callback; ``again``: a try before this one was cut off at its commit, so
     a callback completed with this very body was completed by it."""
-    # The run is leased to this orchestrator as the callback completes, when its dispatcher
-    # has room; the others hear of it only when it has none.
-    notify = o.dispatcher.tell_others()
-    with o.dispatcher.slot() as slot:
-        async with o.pool.acquire() as conn:
-            done = await waits.complete_callback(
-                conn, cid, pid, body, notify=notify, lease=slot.lease
-            )
-        row = done.callback
-        if row is None:
-            raise NotFound(f"no callback with id {cid}")
-        if not done.completed and not done.repeated:
-            raise InvalidState(
-                f"the callback is already {row['status']}; its first body is kept",
-                {"status": row["status"]},
-            )
-        slot.take(done.taken)
+    done = await callbacks.complete_callback(o, cid, pid, body)
+    row = done.callback
+    if row is None:
+        raise NotFound(f"no callback with id {cid}")
+    if not done.completed and not done.repeated:
+        raise InvalidState(
+            f"the callback is already {row['status']}; its first body is kept",
+            {"status": row["status"]},
+        )
     answer = serialize.callback(row, o.signer.url(o.settings.base_url, str(cid)))
     if done.repeated and not again:  # the same body again (a retried delivery), not our own
         answer["deduplicated"] = True  # try whose commit was lost: already completed with it

@@ -18,9 +18,9 @@ from typing import Any
 import uvicorn
 
 import stepline
-from stepline_server.api.app import build_app
+from stepline_server.asgi import build_app
 from stepline_server.cli import servers, tenancy
-from stepline_server.cli.main import _run, database
+from stepline_server.cli.runtime import database, run_async
 from stepline_server.engine import egress
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
@@ -173,7 +173,7 @@ def run_loop(settings: Settings, args: Any) -> int:
         nonlocal result
         result = await devloop.serve(_with_loopback(settings), args.app, args)
 
-    _run(main())
+    run_async(main())
     return result
 
 
@@ -189,5 +189,5 @@ def run(settings: Settings, *, app_port: int, once: bool) -> int:
         nonlocal result
         result = await _dev(settings, app_port, once)
 
-    _run(main())
+    run_async(main())
     return result

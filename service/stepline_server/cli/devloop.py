@@ -26,9 +26,9 @@ import httpx
 import watchfiles
 
 import stepline
-from stepline_server.api.app import build_app
+from stepline_server.asgi import build_app
 from stepline_server.cli import devapp, servers
-from stepline_server.cli.main import database
+from stepline_server.cli.runtime import database
 from stepline_server.orchestrator import Orchestrator
 from stepline_server.settings import Settings
 from stepline_server.store import apps, keys

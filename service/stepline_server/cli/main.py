@@ -6,39 +6,19 @@ server extra."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from stepline.cli import main as sdk_cli
 from stepline_server import logs, multiproc
 from stepline_server.cli import tenancy
+from stepline_server.cli.runtime import database, run_async
 from stepline_server.settings import Settings, from_env
 from stepline_server.store import db, keys
 from stepline_server.store.migrate import apply_migrations
 
 
-@asynccontextmanager
-async def database(settings: Settings) -> AsyncIterator[tuple[str, str]]:
-    """``DATABASE_URL``, or an embedded PostgreSQL in the data folder for as long as needed
-    (the one already running there if another command started it; it is stopped only when no
-    other process uses it): yields the DSN and a line saying which it is."""
-    if settings.database_url:
-        yield settings.database_url, "DATABASE_URL"
-        return
-    from stepline_server.store.embedded import EmbeddedPostgres
-
-    server = EmbeddedPostgres(settings.data_dir / "pg")
-    dsn = await asyncio.to_thread(server.start)
-    try:
-        yield dsn, f"embedded PostgreSQL, data in {server.data_dir}"
-    finally:
-        await asyncio.to_thread(server.stop)
-
-
 async def _serve(settings: Settings) -> None:
-    from stepline_server.api.app import build_app
+    from stepline_server.asgi import build_app
     from stepline_server.cli import servers, workers
     from stepline_server.orchestrator import Orchestrator
 
@@ -79,15 +59,6 @@ async def _migrate(settings: Settings) -> None:
         finally:
             await conn.close()
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
-
-
-def _run(coro: object) -> None:
-    try:
-        import uvloop
-
-        uvloop.run(coro)  # type: ignore[arg-type]
-    except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -164,12 +135,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "serve":
             with multiproc.folder(settings.workers):  # before prometheus-client is imported
-                _run(_serve(settings))
+                run_async(_serve(settings))
         elif args.command == "migrate":
-            _run(_migrate(settings))
+            run_async(_migrate(settings))
         elif args.command in ("projects", "environments", "keys"):
             try:
-                _run(tenancy.run(settings, args))
+                run_async(tenancy.run(settings, args))
             except tenancy.UsageError as exc:
                 print(f"stepline: {exc}", file=sys.stderr)
                 return 1

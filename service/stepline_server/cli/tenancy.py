@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from stepline_server.cli.runtime import database
 from stepline_server.settings import Settings
 from stepline_server.store import db, keys
 from stepline_server.store.db import Conn, Record
@@ -23,8 +24,6 @@ class UsageError(Exception):
 
 @asynccontextmanager
 async def _connection(settings: Settings) -> AsyncIterator[Conn]:
-    from stepline_server.cli.main import database
-
     async with database(settings) as (dsn, _):
         conn = await db.connect(dsn)
         try:

@@ -10,9 +10,9 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from stepline_server import actions, appsync, payloads, serialize
+from stepline_server.application import actions, appsync, payloads, serialize
 from stepline_server.engine import access
-from stepline_server.store import apps, keys, pause, received_events, schedules
+from stepline_server.store import apps, keys, received_events, schedules
 from stepline_server.store.db import Record
 from stepline_server.ui import permissions
 from stepline_server.ui.web import Req
@@ -60,12 +60,11 @@ async def change_workflow(r: Req) -> Response:
     """Pause or resume a workflow (the action the path names)."""
     name, action = r.request.path_params["name"], r.request.url.path.rsplit("/", 1)[1]
     async with r.orch.pool.acquire() as conn:
-        change = pause.resume_workflow if action == "resume" else pause.pause_workflow
-        row = await change(conn, r.pid, name)
+        paused = action != "resume"
+        row = await actions.set_workflow_paused(r.orch, conn, r.pid, name, paused=paused)
     if row is None:
         return r.back("/ui/workflows", "There is no such workflow.")
-    if action == "resume":
-        r.orch.dispatcher.wake()
+    if not paused:
         return r.back("/ui/workflows", f"Resumed {name}: its waiting runs go on.")
     return r.back("/ui/workflows", f"Paused {name}: none of its runs is invoked until resumed.")
 
@@ -76,12 +75,11 @@ async def change_app(r: Req) -> Response:
     async with r.orch.pool.acquire() as conn:
         row = await apps.get(conn, r.pid, r.request.path_params["app"])
         if row is not None:
-            change = pause.resume_app if action == "resume" else pause.pause_app
-            row = await change(conn, r.pid, row["id"])
+            paused = action != "resume"
+            row = await actions.set_app_paused(r.orch, conn, r.pid, row["id"], paused=paused)
     if row is None:
         return r.back("/ui/apps", "There is no such app.")
     if action == "resume":
-        r.orch.dispatcher.wake()
         return r.back("/ui/apps", f"Resumed {row['name']}: its waiting runs go on.")
     return r.back("/ui/apps", f"Paused {row['name']}: none of its runs is invoked until resumed.")
 
@@ -103,7 +101,6 @@ async def change_schedule(r: Req) -> Response:
                 run = await actions.trigger_schedule(r.orch, conn, r.pid, sid, now)
                 if run is None:
                     return r.back("/ui/schedules", "There is no such schedule.")
-                r.orch.dispatcher.wake()
                 return r.back(f"/ui/runs/{run['id']}", f"Schedule {sid} triggered this run.")
             change = {"pause": schedules.pause, "resume": schedules.resume}.get(action)
             if change is None:
@@ -151,8 +148,6 @@ async def send_event(r: Req) -> Response:
         return r.back("/ui/events", f"Not sent: {exc.message}.")
     async with r.orch.pool.acquire() as conn:
         _, sent = await actions.send_event(r.orch, conn, r.pid, name, data)
-    if sent.matched or sent.started:
-        r.orch.dispatcher.wake()
     return r.back(
         "/ui/events",
         f"Event {name} sent: {len(sent.matched)} waiting run(s) resumed, "

@@ -1,5 +1,5 @@
 """The alerts page (admin keys): each alert with its recent deliveries; make one (with the
-REST route's rules and refusals, :mod:`stepline_server.alert_input`), send a test
+REST route's rules and refusals, :mod:`stepline_server.application.alert_input`), send a test
 notification, delete one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from stepline_server import alert_input, alerts_json, payloads
+from stepline_server.application import alert_input, alerts_json, payloads
 from stepline_server.engine.alerts import SUBSCRIBABLE, DestinationType
 from stepline_server.store import alerts
 from stepline_server.ui import permissions

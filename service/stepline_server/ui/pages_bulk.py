@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import serialize
+from stepline_server.application import serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import operations

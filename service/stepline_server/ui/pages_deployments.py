@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import serialize
+from stepline_server.application import serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import apps, deployments, operations

@@ -9,11 +9,11 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server import actions, payloads, reads, serialize
+from stepline_server.application import actions, callbacks, payloads, reads, serialize
 from stepline_server.authlimits import AuthFailures
 from stepline_server.engine import bulk
 from stepline_server.engine import runs as rules
-from stepline_server.store import apps, keys, runs, sessions, state, waits
+from stepline_server.store import apps, keys, runs, sessions, state
 from stepline_server.ui import timeline
 from stepline_server.ui.web import Req
 
@@ -217,12 +217,11 @@ async def cancel(r: Req) -> Response:
     run_id = r.request.path_params["runId"]
     async with r.orch.pool.acquire() as conn:
         try:
-            row = await waits.cancel(conn, r.pid, uuid.UUID(run_id))
+            row = await actions.cancel_run(r.orch, conn, r.pid, uuid.UUID(run_id))
         except (rules.RuleError, ValueError) as exc:
             return r.back(f"/ui/runs/{run_id}", f"Not cancelled: {exc}")
     if row is None:
         return _missing(r)
-    r.orch.dispatcher.wake()
     return r.back(f"/ui/runs/{run_id}", "Cancellation requested.")
 
 
@@ -236,7 +235,6 @@ async def retry(r: Req) -> Response:
             return r.back(f"/ui/runs/{run_id}", f"Not retried: {exc}")
     if row is None:
         return _missing(r)
-    r.orch.dispatcher.wake()
     where = f" from step {from_step}" if from_step else ""
     return r.back(f"/ui/runs/{run_id}", f"Retrying{where}.")
 
@@ -250,13 +248,11 @@ async def complete_callback(r: Req) -> Response:
         body = payloads.parse_text(r.form.get("body") or "null", what="the body")
     except payloads.BadPayload as exc:
         return r.back(back, f"Not completed: {exc.message}.")
-    async with r.orch.pool.acquire() as conn:
-        done = await waits.complete_callback(conn, cid, r.pid, body)
+    done = await callbacks.complete_callback(r.orch, cid, r.pid, body)
     if done.callback is None:
         return r.back(back, "Not completed: there is no such callback.")
     if done.repeated:  # the same body again, as the API answers it
         return r.back(back, "Callback already completed with this body.")
     if not done.completed:
         return r.back(back, f"Not completed: the callback is already {done.callback['status']}.")
-    r.orch.dispatcher.wake()
     return r.back(back, "Callback completed.")

@@ -100,7 +100,8 @@ async def _form(request: Request) -> list[tuple[str, str]] | None:
 
 def _form_problem(form: dict[str, str]) -> str | None:
     """Why a form's fields cannot be used (a NUL character, which PostgreSQL cannot store),
-    or None; JSON fields are checked where they are read (:mod:`stepline_server.payloads`)."""
+    or None; JSON fields are checked where they are read
+    (:mod:`stepline_server.application.payloads`)."""
     for name, value in form.items():
         if "\x00" in name or "\x00" in value:
             return f"The field {name[:64]!r} holds a NUL character, which cannot be stored."

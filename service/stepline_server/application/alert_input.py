@@ -2,8 +2,9 @@
 
 The fields follow :class:`AlertCreate` and :class:`AlertUpdate`; the destination's URL must have
 the form of a URL the orchestrator calls and, after DNS, point where ``STEPLINE_APP_NETWORKS``
-allows, as an app's URL must. A refusal is a :class:`~stepline_server.payloads.BadPayload`
-(``validation_failed``) naming the field, worded the same for the REST route and the form.
+allows, as an app's URL must. A refusal is a
+:class:`~stepline_server.application.payloads.BadPayload` (``validation_failed``) naming the
+field, worded the same for the REST route and the form.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
-from stepline_server import payloads
+from stepline_server.application import payloads
+from stepline_server.application.payloads import AppUrl
 from stepline_server.engine.alerts import SUBSCRIBABLE
-from stepline_server.payloads import AppUrl
 from stepline_server.store import alerts
 from stepline_server.store.db import Record
 

@@ -1,6 +1,8 @@
 """Actions on runs that the API, the dashboard and bulk operations share: each does the store's
 part, counts the runs it started in ``stepline_runs_started_total`` and wakes the dispatcher,
-so that a run is counted whatever started it."""
+so that a run is counted whatever started it and due work is looked for at once. The API and
+the dashboard reach the dispatcher and the progress batcher only through here and
+:mod:`stepline_server.application.at_once`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from stepline_server.store import schedules, waits
+from stepline_server.store import pause, schedules, waits
+from stepline_server.store import progress as step_progress
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -70,3 +73,51 @@ async def trigger_schedule(
         o.metrics.run_started(run["workflow"], "manual")
         o.dispatcher.wake()
     return run
+
+
+async def cancel_run(
+    o: Orchestrator, conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID
+) -> Record | None:
+    """Ask run ``run_id`` to stop (at once when no invocation holds it); None when there is no
+    such run; ``RuleError`` when it has ended."""
+    row = await waits.cancel(conn, project_id, run_id)
+    if row is not None:
+        o.dispatcher.wake()
+    return row
+
+
+async def set_workflow_paused(
+    o: Orchestrator, conn: Conn, project_id: uuid.UUID, name: str, *, paused: bool
+) -> Record | None:
+    """Pause workflow ``name`` (none of its runs is invoked), or resume it (its waiting runs
+    go on); None when there is no such workflow."""
+    change = pause.pause_workflow if paused else pause.resume_workflow
+    row = await change(conn, project_id, name)
+    if row is not None and not paused:
+        o.dispatcher.wake()
+    return row
+
+
+async def set_app_paused(
+    o: Orchestrator, conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID, *, paused: bool
+) -> Record | None:
+    """Pause or resume the app ``app_id`` (all its workflows); None when there is none."""
+    change = pause.pause_app if paused else pause.resume_app
+    row = await change(conn, project_id, app_id)
+    if row is not None and not paused:
+        o.dispatcher.wake()
+    return row
+
+
+def made_due(o: Orchestrator) -> None:
+    """After an admin change that may have made runs due (a deployment deleted with its runs
+    moved, say): the dispatcher looks for due work now."""
+    o.dispatcher.wake()
+
+
+async def apply_progress(
+    o: Orchestrator, item: step_progress.Progress
+) -> step_progress.Committed | None:
+    """Commit an invocation's progress call through the batcher (many calls share one
+    transaction); None when the invocation no longer owns its run."""
+    return await o.batcher.apply(item)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepline_server.serialize import ts
+from stepline_server.application.serialize import ts
 from stepline_server.store.db import Record
 
 

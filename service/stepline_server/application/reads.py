@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from stepline_server import serialize
+from stepline_server.application import serialize
 from stepline_server.engine import gathering, history, holds
 from stepline_server.store import apps, gatherings, pause, runs, schedules
 from stepline_server.store.db import Conn, Record
