@@ -53,15 +53,19 @@ def test_the_application_layer_imports_neither_the_api_nor_the_dashboard() -> No
     assert _offending(SERVICE / "application", refused) == []
 
 
+_LOOPS = ("dispatcher", "batcher", "scheduler", "operations.wake", "alerts.wake", "gatherer")
+
+
 def test_the_api_and_the_dashboard_reach_no_loop_directly() -> None:
-    """Waking the dispatcher, taking a run at once and applying progress are use cases of
-    ``application``; the routes and pages do not drive ``o.dispatcher`` or ``o.batcher``."""
+    """Waking the dispatcher (or the scheduler, the operations and alerts loops), taking a run
+    at once and applying progress are use cases of ``application``; the routes and pages drive
+    no loop of the orchestrator."""
     found = sorted(
         f"{path.relative_to(SERVICE)}:{n}"
         for folder in ("api", "ui")
         for path in (SERVICE / folder).rglob("*.py")
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if "dispatcher." in line or "batcher." in line
+        if any(f"{loop}." in line for loop in _LOOPS)
     )
     assert found == []
 

@@ -13,7 +13,7 @@ from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, path_uuid
 from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.application import alert_input, alerts_json
+from stepline_server.application import actions, alert_input, alerts_json
 from stepline_server.application.alert_input import AlertCreate, AlertUpdate
 from stepline_server.store import alerts
 from stepline_server.store.db import Record
@@ -118,7 +118,7 @@ async def test_alert(request: Request) -> Response:
         row = await alerts.record_test(conn, pid, alert_id)
     if row is None:
         raise NotFound(f"no alert with id {alert_id}")
-    o.alerts.wake()
+    actions.alert_queued(o)
     return json_response(alerts_json.delivery(row), 202)
 
 

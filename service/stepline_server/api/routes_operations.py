@@ -15,7 +15,7 @@ from stepline_server.api import pagination
 from stepline_server.api.context import orch, path_uuid, project
 from stepline_server.api.errors import InvalidState, NotFound, ValidationFailed
 from stepline_server.api.responses import json_response, read_model
-from stepline_server.application import serialize
+from stepline_server.application import actions, serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import apps, deployments, operations
@@ -113,7 +113,7 @@ async def bulk_runs(request: Request) -> Response:
             app_id,
             body.deployment,
         )
-    o.operations.wake()
+    actions.operation_queued(o)
     return json_response(serialize.operation(row), 202)
 
 

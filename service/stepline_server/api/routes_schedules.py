@@ -122,7 +122,7 @@ async def create_schedule(request: Request) -> Response:
             raise NotFound(f"no workflow named {body.workflow!r}; sync the app that hosts it")
         row = await schedules.create(conn, pid, d, datetime.now(UTC))
     assert row is not None
-    o.scheduler.wake()
+    actions.schedules_changed(o)
     return json_response(serialize.schedule(row), 201)
 
 
@@ -174,7 +174,7 @@ async def update_schedule(request: Request) -> Response:
     o = orch(request)
     async with o.pool.acquire() as conn:
         row = _found(await schedules.update(conn, pid, sid, changes, datetime.now(UTC)), sid)
-    o.scheduler.wake()
+    actions.schedules_changed(o)
     return json_response(serialize.schedule(row))
 
 
@@ -194,7 +194,7 @@ async def pause_schedule(request: Request) -> Response:
 
 async def resume_schedule(request: Request) -> Response:
     row = await _transition(request, schedules.resume)
-    orch(request).scheduler.wake()
+    actions.schedules_changed(orch(request))
     return json_response(serialize.schedule(row))
 
 

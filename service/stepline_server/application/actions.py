@@ -115,6 +115,22 @@ def made_due(o: Orchestrator) -> None:
     o.dispatcher.wake()
 
 
+def schedules_changed(o: Orchestrator) -> None:
+    """After a schedule was created, changed or resumed: the scheduler looks at the next fire
+    time now rather than at the one it was sleeping towards."""
+    o.scheduler.wake()
+
+
+def operation_queued(o: Orchestrator) -> None:
+    """After a bulk operation was created: the operations loop starts on it now."""
+    o.operations.wake()
+
+
+def alert_queued(o: Orchestrator) -> None:
+    """After an alert notification was queued (a test send): the alerts loop delivers it now."""
+    o.alerts.wake()
+
+
 async def apply_progress(
     o: Orchestrator, item: step_progress.Progress
 ) -> step_progress.Committed | None:

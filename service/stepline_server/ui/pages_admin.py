@@ -110,7 +110,7 @@ async def change_schedule(r: Req) -> Response:
             return r.back("/ui/schedules", f"Not done: {exc}")
     if row is None:
         return r.back("/ui/schedules", "There is no such schedule.")
-    r.orch.scheduler.wake()
+    actions.schedules_changed(r.orch)
     return r.back("/ui/schedules", f"Schedule {sid} is {row['status']}.")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from stepline_server.application import alert_input, alerts_json, payloads
+from stepline_server.application import actions, alert_input, alerts_json, payloads
 from stepline_server.engine.alerts import SUBSCRIBABLE, DestinationType
 from stepline_server.store import alerts
 from stepline_server.ui import permissions
@@ -93,7 +93,7 @@ async def test_alert(r: Req) -> Response:
         row = None if alert_id is None else await alerts.record_test(conn, r.pid, alert_id)
     if row is None:
         return r.back(PAGE, "There is no such alert.")
-    r.orch.alerts.wake()
+    actions.alert_queued(r.orch)
     return r.back(PAGE, f"Test notification {row['id']} sent; reload to see how it went.")
 
 

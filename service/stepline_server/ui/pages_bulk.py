@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server.application import serialize
+from stepline_server.application import actions, serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import operations
@@ -134,7 +134,7 @@ async def start(r: Req) -> Response:
         row = await operations.create(
             conn, ids.new_id(), r.pid, chosen.action.value, chosen.filter, chosen.selection, None
         )
-    r.orch.operations.wake()
+    actions.operation_queued(r.orch)
     return RedirectResponse(f"/ui/operations/{row['id']}", 303)
 
 

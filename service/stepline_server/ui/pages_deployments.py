@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import RedirectResponse, Response
 
-from stepline_server.application import serialize
+from stepline_server.application import actions, serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import apps, deployments, operations
@@ -71,7 +71,7 @@ async def move_runs(r: Req) -> Response:
         row = await operations.create(
             conn, ids.new_id(), r.pid, action.value, recorded, selection, app["id"], target["id"]
         )
-    r.orch.operations.wake()
+    actions.operation_queued(r.orch)
     return RedirectResponse(f"/ui/operations/{row['id']}", 303)
 
 
