@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepline_server.application import serialize
 from stepline_server.engine import gathering, history, holds
-from stepline_server.store import apps, gatherings, pause, runs, schedules
+from stepline_server.store import apps, gatherings, runs, schedules
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
@@ -75,8 +75,7 @@ async def run_json(
     data = serialize.run(row, row["app_slug"], steps, callback_url)
     if with_steps:
         counted = await runs.counters(conn, row["id"])
-        paused = await pause.run_paused(conn, row["id"])
-        _add_counts(data, row, counted, paused, steps or [], limits)
+        _add_counts(data, row, counted, counted["paused"], steps or [], limits)
         if data["heldBy"] in GATHERING_HOLDS:
             data["gathering"] = await _gathering(conn, row["id"])
     return data
@@ -99,7 +98,7 @@ async def _gathering(conn: Conn, run_id: Any) -> dict[str, Any] | None:
     }
 
 
-_NOTHING_YET = {"invocations": 0, "delivery_failures": 0, "steps_completed": 0}
+_NOTHING_YET = {"invocations": 0, "delivery_failures": 0}
 
 
 def new_run_json(
@@ -125,7 +124,7 @@ def _add_counts(
     else) holds it, and the size of its history (with a warning near ``limits``, when given)."""
     data["invocations"] = counted["invocations"]
     data["deliveryFailures"] = counted["delivery_failures"]
-    data["stepsCompleted"] = counted["steps_completed"]
+    data["stepsCompleted"] = sum(1 for s in steps if s["status"] == "completed")
     data["paused"] = paused
     data["heldBy"] = held_by(row, paused)
     size = history.size_of(steps)

@@ -25,8 +25,3 @@ async def pause_app(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> Rec
 async def resume_app(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> Record | None:
     """Resume the app (idempotent): its waiting runs go in their usual order."""
     return await conn.fetchrow(Q["resume_app"], project_id, app_id)
-
-
-async def run_paused(conn: Conn, run_id: uuid.UUID) -> bool:
-    """Whether the run is held by a pause (not ended; its workflow or app paused)."""
-    return bool(await conn.fetchval(Q["run_paused"], run_id))

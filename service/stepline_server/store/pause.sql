@@ -47,13 +47,3 @@ r AS (
     RETURNING runs.id
 )
 SELECT a.*, (SELECT count(*) FROM r) AS resumed, pg_notify('stepline_wake', '') FROM a;
-
--- name: run_paused
--- Whether run $1 is held by a pause: not ended, and its workflow or its app is paused.
-SELECT r.ended_at IS NULL
-       AND (a.paused_at IS NOT NULL
-            OR EXISTS (SELECT 1 FROM workflows w
-                       WHERE w.project_id = r.project_id AND w.name = r.workflow
-                         AND w.paused_at IS NOT NULL))
-FROM runs r JOIN apps a ON a.id = r.app_id
-WHERE r.id = $1;

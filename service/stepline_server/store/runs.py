@@ -145,7 +145,8 @@ async def invocations(
 
 
 async def counters(conn: Conn, run_id: uuid.UUID) -> Record:
-    """How often a run was invoked, its failed deliveries and its completed steps."""
+    """How often a run was invoked, its failed deliveries, and whether a pause holds it (one
+    read, beside its row and its steps, for a run shown alone)."""
     return await conn.fetchrow(Q["run_counters"], run_id)
 
 

@@ -214,10 +214,19 @@ ORDER BY s.seq
 LIMIT $4;
 
 -- name: run_counters
--- How often run $1 was invoked, how many of those could not be delivered, and its steps
--- completed.
-SELECT count(*) FILTER (WHERE type = 'invocation.started') AS invocations,
-       count(*) FILTER (WHERE type = 'invocation.ended'
-                          AND data ->> 'outcome' = 'delivery_failed') AS delivery_failures,
-       (SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed') AS steps_completed
-FROM run_events WHERE run_id = $1;
+-- What run $1 shows beside its fields when read alone: how often it was invoked, how many of
+-- those could not be delivered, and whether a pause holds it (not ended, and its workflow or
+-- its app is paused).
+SELECT c.invocations, c.delivery_failures,
+       r.ended_at IS NULL
+       AND (a.paused_at IS NOT NULL
+            OR EXISTS (SELECT 1 FROM workflows w
+                       WHERE w.project_id = r.project_id AND w.name = r.workflow
+                         AND w.paused_at IS NOT NULL)) AS paused
+FROM runs r JOIN apps a ON a.id = r.app_id,
+     LATERAL (SELECT count(*) FILTER (WHERE e.type = 'invocation.started') AS invocations,
+                     count(*) FILTER (WHERE e.type = 'invocation.ended'
+                                        AND e.data ->> 'outcome' = 'delivery_failed')
+                         AS delivery_failures
+              FROM run_events e WHERE e.run_id = r.id) c
+WHERE r.id = $1;
