@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from stepline.wire import parse_duration
+from stepline_server.api import auth
 from stepline_server.api.errors import NotFound, ValidationFailed
 from stepline_server.engine import access
 
@@ -23,8 +24,6 @@ async def project(request: Request) -> uuid.UUID:
     """The scope of the caller's queries (its key's environment), once its role allows the
     request's method: ``GET`` for any key, anything else for ``write`` and ``admin`` keys
     (``403 forbidden`` otherwise, before the body is read)."""
-    from stepline_server.api import auth
-
     ctx = auth.require_role(await auth.caller(request), access.needed_for(request.method))
     return ctx.environment_id
 
