@@ -67,8 +67,8 @@ cancelled_callbacks AS (
     FROM closed WHERE c.id = closed.callback_id AND c.status = 'pending'
 ),
 evs AS (
-    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, name) AS ord, type, name,
-           data
+    SELECT run_id, jsonb_agg(jsonb_build_object('type', type, 'step_name', name, 'data', data)
+                             ORDER BY k, name) AS events
     FROM (
         SELECT run_id, 0 AS k, 'step.cancelled' AS type, name,
                jsonb_build_object('kind', kind) AS data
@@ -76,23 +76,20 @@ evs AS (
         UNION ALL
         SELECT q.id, 1, q.event, NULL, q.data FROM q JOIN ok ON ok.id = q.id
     ) x
-),
-counts AS (
-    SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
+    GROUP BY run_id
 ),
 r AS (
     UPDATE runs SET
         status = q.status, output = q.output, error = q.error, ended_at = now(),
-        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = runs.version + 1,
-        next_seq = runs.next_seq + counts.n
-    FROM q JOIN counts ON counts.run_id = q.id
+        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = runs.version + 1
+    FROM q JOIN ok ON ok.id = q.id
     WHERE runs.id = q.id
     RETURNING runs.id, runs.project_id, runs.parent_run_id, runs.parent_step,
-              runs.schedule_id, runs.status, runs.next_seq - counts.n AS base
+              runs.schedule_id, runs.status
 ),
 history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.data
+    -- (Each run's events are appended once its row is updated: this reads r.)
+    SELECT r.id, append_run_events(r.id, r.project_id, evs.events) AS seq
     FROM r JOIN evs ON evs.run_id = r.id
 ),
 alerted AS (
@@ -118,4 +115,4 @@ SELECT r.id, r.project_id, r.parent_run_id, r.parent_step, r.schedule_id, r.stat
                WHERE c.parent_run_id = r.id AND c.status IN ('running', 'cancelling'))
            AS has_children,
        pg_notify('stepline_ended', r.id::text)
-FROM r;
+FROM r JOIN history h ON h.id = r.id;

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from stepline_server.engine import runs as rules
+from stepline_server.engine.events import EventType
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -177,7 +178,10 @@ async def restart(
     if by is not None:
         data["by"] = started["by"] = by
     # The retry is said (run.retried: from where, who asked), then the run starts again.
-    events = [{"type": "run.retried", "data": data}, {"type": "run.started", "data": started}]
+    events = [
+        {"type": EventType.RUN_RETRIED, "data": data},
+        {"type": EventType.RUN_STARTED, "data": started},
+    ]
     await append_events(conn, run_id, events)
     await conn.execute(Q["notify_wake"])
     return row

@@ -665,3 +665,57 @@ RETURNS lease_claim LANGUAGE sql STABLE AS $$
            a.signing_secrets, a.protocol_version
     FROM apps a WHERE a.id = r.app_id
 $$;
+
+-- ==== Run transitions (0028): the event-type enum, append_run_events and the transition
+-- functions. Kept as one section at the end. ====
+CREATE TYPE run_event_type AS ENUM (
+    'run.started', 'run.retried', 'run.continuedAsNew',
+    'run.debounced', 'run.batched', 'run.repaired',
+    'run.cancelling',
+    'run.completed', 'run.failed', 'run.cancelled', 'run.timedOut',
+    'invocation.started', 'invocation.ended',
+    'step.started', 'step.completed', 'step.failed', 'step.retrying', 'step.sleeping',
+    'step.waiting', 'step.cancelled',
+    'callback.completed', 'event.received',
+    'state.set', 'patch.recorded'
+);
+COMMENT ON TYPE run_event_type IS 'The types of a run''s history events, by the transition that appends each: start (insert_run, a child''s start): run.started; restart (a retry, continue_as_new): run.retried, run.started, run.continuedAsNew; wake (a gathering fires, a repair, a callback, an event, a child''s end): run.debounced, run.batched, run.repaired, callback.completed, event.received, step.completed, step.failed; cancel request: run.cancelling, step.cancelled; end: run.completed, run.failed, run.cancelled, run.timedOut, step.cancelled; lease-and-begin: invocation.started, step.completed and step.failed (timers settled); progress: invocation.ended, step.started, step.completed, step.failed, step.retrying, step.sleeping, step.waiting, state.set, patch.recorded, event.received (an event wait takes an event that came first).';
+
+ALTER TABLE run_events ALTER COLUMN type TYPE run_event_type USING type::run_event_type;
+
+CREATE FUNCTION append_run_events(p_run uuid, p_project uuid, p_events jsonb,
+                                  p_invocation uuid DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n integer := coalesce(jsonb_array_length(p_events), 0);
+    base bigint;
+BEGIN
+    -- Appends p_events (a JSON array of {type, step_name, invocation_id, deployment_id,
+    -- http_status, duration_ms, data, at}; invocation_id defaults to p_invocation, at to now())
+    -- to run p_run's history, numbered after its last event; answers the first event's seq
+    -- (NULL when p_events is empty or the run is not p_project's). The run's row is updated
+    -- (next_seq), so two transactions appending to one run take turns and the seqs have no
+    -- gap. The only writer of run_events.
+    IF n = 0 THEN
+        RETURN NULL;
+    END IF;
+    UPDATE runs SET next_seq = next_seq + n
+    WHERE id = p_run AND project_id = p_project
+    RETURNING next_seq - n INTO base;
+    IF base IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
+                            deployment_id, http_status, duration_ms, data)
+    SELECT p_run, base + x.ord - 1, p_project, coalesce(x.at, now()), x.type, x.step_name,
+           coalesce(x.invocation_id, p_invocation), x.deployment_id, x.http_status,
+           x.duration_ms, x.data
+    FROM ROWS FROM (jsonb_to_recordset(p_events) AS (
+        type run_event_type, step_name text, invocation_id uuid, deployment_id text,
+        http_status integer, duration_ms integer, data jsonb, at timestamptz))
+        WITH ORDINALITY AS x(type, step_name, invocation_id, deployment_id, http_status,
+                             duration_ms, data, at, ord);
+    RETURN base;
+END
+$$;
+COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid) IS 'Appends events to a run''s history and answers the first one''s seq: the only writer of run_events and of runs.next_seq.';

@@ -48,22 +48,22 @@ s AS (
 ),
 r AS (
     UPDATE runs SET
-        next_seq = next_seq + 2,
         wake_seq = wake_seq + 1,
         ready_at = woken_ready_at(lease_token, ready_at)
     FROM c
     WHERE runs.id = c.run_id AND runs.status IN ('running', 'cancelling')
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, runs.pull
-),
-e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + x.n, r.project_id, x.type, c.step_name, x.data
-    FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
-                       (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
+    RETURNING runs.id, runs.project_id, runs.pull
 )
 SELECT c.*, r.id IS NOT NULL AS run_woken,
        CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END
-FROM c LEFT JOIN r ON true;
+FROM c LEFT JOIN r ON true
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.id IS NOT NULL THEN append_run_events(r.id, r.project_id, jsonb_build_array(
+        jsonb_build_object('type', 'callback.completed', 'step_name', c.step_name,
+                           'data', jsonb_build_object('callbackId', $1::text)),
+        jsonb_build_object('type', 'step.completed', 'step_name', c.step_name,
+                           'data', '{"kind": "callback"}'::jsonb))) END AS seq
+) h;
 
 -- name: lock_event_name
 -- Serialises sending event $2 of project $1 with recording a wait for it, until the
@@ -122,31 +122,33 @@ WITH m AS (
     RETURNING run_id, name
 ),
 numbered AS (
-    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k,
-           count(*) OVER (PARTITION BY run_id) AS n
+    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k
     FROM m
 ),
 r AS (
     UPDATE runs SET
-        next_seq = next_seq + 2 * w.n,
         wake_seq = wake_seq + 1,
         ready_at = CASE WHEN status IN ('running', 'cancelling')
                         THEN woken_ready_at(lease_token, ready_at) ELSE ready_at END
-    FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
+    FROM (SELECT run_id FROM numbered WHERE k = 1) w
     WHERE runs.id = w.run_id
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base, runs.pull
-),
-history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
-           x.data
-    FROM r JOIN numbered ON numbered.run_id = r.id,
-         (VALUES (0, 'event.received',
-                  jsonb_build_object('event', $3::text, 'eventId', coalesce($5::text, $1::uuid::text))),
-                 (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
+    RETURNING runs.id, runs.project_id, runs.pull
 )
 -- A pull app's run wakes every orchestrator: their workers' polls claim it.
-SELECT id, CASE WHEN pull THEN pg_notify('stepline_wake', '') END FROM r;
+SELECT r.id, CASE WHEN r.pull THEN pg_notify('stepline_wake', '') END
+FROM r
+CROSS JOIN LATERAL (
+    SELECT append_run_events(r.id, r.project_id, (
+        SELECT jsonb_agg(x.ev ORDER BY n.k, x.i)
+        FROM numbered n CROSS JOIN LATERAL (VALUES
+            (0, jsonb_build_object(
+                    'type', 'event.received', 'step_name', n.name,
+                    'data', jsonb_build_object('event', $3::text,
+                                               'eventId', coalesce($5::text, $1::uuid::text)))),
+            (1, jsonb_build_object('type', 'step.completed', 'step_name', n.name,
+                                   'data', '{"kind": "event"}'::jsonb))) AS x(i, ev)
+        WHERE n.run_id = r.id)) AS seq
+) h;
 
 -- name: event_workflows
 -- The workflows of project $1 that every event named $2 starts a run of, with their options
