@@ -97,3 +97,31 @@ async def test_a_type_outside_the_enum_is_refused(database_url: str) -> None:
         assert await conn.fetchval("SELECT next_seq FROM runs WHERE id = $1", run_id) == 2
     finally:
         await conn.close()
+
+
+async def test_wake_makes_a_run_due_with_what_woke_it_and_leaves_an_ended_run_alone(
+    database_url: str,
+) -> None:
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        await conn.execute("UPDATE runs SET ready_at = NULL WHERE id = $1", run_id)
+        woke = [{"type": "callback.completed", "step_name": "cb", "data": {"callbackId": "x"}}]
+        assert await runs.wake(conn, run_id, woke, notify=False)
+        row = await conn.fetchrow(
+            "SELECT wake_seq, ready_at IS NOT NULL AS due, next_seq FROM runs WHERE id = $1",
+            run_id,
+        )
+        assert (row["wake_seq"], row["due"], row["next_seq"]) == (1, True, 3)
+        await conn.execute(
+            "UPDATE runs SET status = 'completed', ended_at = now(), ready_at = NULL WHERE id = $1",
+            run_id,
+        )
+        assert not await runs.wake(conn, run_id, woke, notify=False)
+        assert await conn.fetchval("SELECT next_seq FROM runs WHERE id = $1", run_id) == 3
+        types = await conn.fetch(
+            "SELECT type::text FROM run_events WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        assert [r["type"] for r in types] == ["run.started", "callback.completed"]
+    finally:
+        await conn.close()

@@ -135,8 +135,7 @@ async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
         for row in orphaned:
             data = {"kind": "invoke", "childRunId": str(row["child_id"]), "error": error}
             event = {"type": EventType.STEP_FAILED, "step_name": row["name"], "data": data}
-            await runs.append_events(conn, row["run_id"], [event])
-            await conn.execute(Q["wake"], row["run_id"])
+            await runs.wake(conn, row["run_id"], [event], notify=False)
         await conn.execute(Q["delete_app"], project_id, app_id)
         if orphaned:
             await conn.execute(Q["notify_wake"])

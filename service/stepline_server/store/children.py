@@ -88,8 +88,8 @@ async def resolve_child(conn: Conn, child: Record) -> None:
     if error:
         data["error"] = error
     event = EventType.STEP_COMPLETED if status == "completed" else EventType.STEP_FAILED
-    await runs.append_events(conn, parent, [{"type": event, "step_name": name, "data": data}])
-    await runs.wake(conn, parent)
+    # The child's end wakes its parent: the wake transition of the parent's run.
+    await runs.wake(conn, parent, [{"type": event, "step_name": name, "data": data}])
 
 
 async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> None:
@@ -108,8 +108,8 @@ async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> N
         {"type": EventType.STEP_CANCELLED, "step_name": r["name"], "data": {"kind": r["kind"]}}
         for r in cancelled
     ]
-    await runs.append_events(conn, run_id, events)
+    await runs.wake(conn, run_id, events, notify=False)
     for r in cancelled:
         if r["child_run_id"] is not None:
             await cancel_tree(conn, r["child_run_id"])
-    await runs.wake(conn, run_id)
+    await conn.execute(Q["notify_wake"])

@@ -164,5 +164,4 @@ async def _take_recent_events(
                 {"type": EventType.STEP_COMPLETED, "step_name": name, "data": {"kind": "event"}},
             ]
     if taken:
-        await runs.append_events(conn, run_id, taken)
-        await conn.execute(Q["wake"], run_id)
+        await runs.wake(conn, run_id, taken, notify=False)

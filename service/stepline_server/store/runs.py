@@ -187,7 +187,17 @@ async def restart(
     return row
 
 
-async def wake(conn: Conn, run_id: uuid.UUID) -> None:
-    """Make a run due now (or right after its active invocation) and wake the dispatchers."""
-    await conn.execute(Q["wake"], run_id)
-    await conn.execute(Q["notify_wake"])
+async def wake(
+    conn: Conn,
+    run_id: uuid.UUID,
+    events: list[dict[str, Any]] | None = None,
+    *,
+    notify: bool = True,
+) -> bool:
+    """Make a run not ended due now (or right after its active invocation), with ``events``
+    (what woke it) in its history: the wake transition (``run_wake``); with ``notify``, wake
+    every orchestrator's dispatcher. False when the run had ended (nothing appended)."""
+    woken = bool(await conn.fetchval(Q["wake"], run_id, events))
+    if notify:
+        await conn.execute(Q["notify_wake"])
+    return woken

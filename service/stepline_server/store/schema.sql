@@ -719,3 +719,24 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid) IS 'Appends events to a run''s history and answers the first one''s seq: the only writer of run_events and of runs.next_seq.';
+
+CREATE FUNCTION run_wake(p_run uuid, p_project uuid, p_events jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- The wake transition: something outside the run (a callback completed, an event received,
+    -- a child's end, a cancel request, a child deleted) moved it. A run not ended is due now,
+    -- or, while an invocation holds it, right after that invocation (woken_ready_at: its end
+    -- sees wake_seq moved and makes it due), and p_events (what woke it) are appended to its
+    -- history. Answers whether the run was woken (false: ended, or not p_project's; nothing is
+    -- appended). Touches only this run's row and history: a child's end wakes its parent by the
+    -- caller calling this for the parent (store.children.resolve_child).
+    UPDATE runs SET wake_seq = wake_seq + 1, ready_at = woken_ready_at(lease_token, ready_at)
+    WHERE id = p_run AND project_id = p_project AND status IN ('running', 'cancelling');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM append_run_events(p_run, p_project, p_events);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION run_wake(uuid, uuid, jsonb) IS 'The wake transition: a run not ended is due now (or right after its active invocation), with what woke it in its history.';

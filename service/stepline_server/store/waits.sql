@@ -16,12 +16,9 @@ WHERE run_id = $1 AND name = $2 AND status = 'waiting'
 RETURNING name;
 
 -- name: wake
--- Something outside the run moved it: run it now, or right after the active invocation
--- (woken_ready_at, the wake rule every wake-up follows).
-UPDATE runs SET
-    wake_seq = wake_seq + 1,
-    ready_at = woken_ready_at(lease_token, ready_at)
-WHERE id = $1 AND status IN ('running', 'cancelling');
+-- Something outside run $1 moved it: run it now, or right after the active invocation, with
+-- what woke it ($2: events, or null) in its history (run_wake, the wake transition).
+SELECT run_wake(id, project_id, $2::jsonb) FROM runs WHERE id = $1;
 
 -- name: get_callback
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
@@ -46,24 +43,18 @@ s AS (
     FROM c
     WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
 ),
-r AS (
-    UPDATE runs SET
-        wake_seq = wake_seq + 1,
-        ready_at = woken_ready_at(lease_token, ready_at)
-    FROM c
-    WHERE runs.id = c.run_id AND runs.status IN ('running', 'cancelling')
-    RETURNING runs.id, runs.project_id, runs.pull
-)
-SELECT c.*, r.id IS NOT NULL AS run_woken,
-       CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END
-FROM c LEFT JOIN r ON true
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN r.id IS NOT NULL THEN append_run_events(r.id, r.project_id, jsonb_build_array(
+w AS (
+    -- (A CTE that reads c: the run wakes once its callback is completed.)
+    SELECT c.run_id, run_wake(c.run_id, c.project_id, jsonb_build_array(
         jsonb_build_object('type', 'callback.completed', 'step_name', c.step_name,
                            'data', jsonb_build_object('callbackId', $1::text)),
         jsonb_build_object('type', 'step.completed', 'step_name', c.step_name,
-                           'data', '{"kind": "callback"}'::jsonb))) END AS seq
-) h;
+                           'data', '{"kind": "callback"}'::jsonb))) AS woken
+    FROM c
+)
+SELECT c.*, w.woken AS run_woken,
+       CASE WHEN $4::boolean OR (w.woken AND r.pull) THEN pg_notify('stepline_wake', '') END
+FROM c JOIN w ON w.run_id = c.run_id LEFT JOIN runs r ON r.id = c.run_id;
 
 -- name: lock_event_name
 -- Serialises sending event $2 of project $1 with recording a wait for it, until the
@@ -125,20 +116,8 @@ numbered AS (
     SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k
     FROM m
 ),
-r AS (
-    UPDATE runs SET
-        wake_seq = wake_seq + 1,
-        ready_at = CASE WHEN status IN ('running', 'cancelling')
-                        THEN woken_ready_at(lease_token, ready_at) ELSE ready_at END
-    FROM (SELECT run_id FROM numbered WHERE k = 1) w
-    WHERE runs.id = w.run_id
-    RETURNING runs.id, runs.project_id, runs.pull
-)
--- A pull app's run wakes every orchestrator: their workers' polls claim it.
-SELECT r.id, CASE WHEN r.pull THEN pg_notify('stepline_wake', '') END
-FROM r
-CROSS JOIN LATERAL (
-    SELECT append_run_events(r.id, r.project_id, (
+w AS (
+    SELECT n1.run_id, run_wake(n1.run_id, $2, (
         SELECT jsonb_agg(x.ev ORDER BY n.k, x.i)
         FROM numbered n CROSS JOIN LATERAL (VALUES
             (0, jsonb_build_object(
@@ -147,8 +126,13 @@ CROSS JOIN LATERAL (
                                                'eventId', coalesce($5::text, $1::uuid::text)))),
             (1, jsonb_build_object('type', 'step.completed', 'step_name', n.name,
                                    'data', '{"kind": "event"}'::jsonb))) AS x(i, ev)
-        WHERE n.run_id = r.id)) AS seq
-) h;
+        WHERE n.run_id = n1.run_id)) AS woken
+    FROM numbered n1 WHERE n1.k = 1
+)
+-- A pull app's run wakes every orchestrator: their workers' polls claim it.
+SELECT w.run_id AS id, CASE WHEN r.pull THEN pg_notify('stepline_wake', '') END
+FROM w JOIN runs r ON r.id = w.run_id
+WHERE w.woken;
 
 -- name: event_workflows
 -- The workflows of project $1 that every event named $2 starts a run of, with their options
