@@ -3,39 +3,25 @@
 
 -- name: suspend_runs
 -- Ends invocations ($1: [{id, token, acked}], each a run and its lease token, and whether an SDK
--- that reads history deltas answered) with the runs still running: each comes due at its
--- earliest timer, or at once when something woke it while the invocation ran; the next
--- invocation may carry a delta only after an acked one. Answers the runs suspended (not those
--- whose lease was lost). The runs are locked in id order.
-UPDATE runs SET
-    lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
-    history_acked = CASE WHEN q.acked THEN runs.invocation_id END,
-    ready_at = CASE
-        WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
-        ELSE least(runs.deadline_at, (
-            SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
-            WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
-        END
-FROM (
-    SELECT r.id, q.acked FROM runs r
+-- that reads history deltas answered) with the runs still running: each is suspended
+-- (run_suspend: due at its earliest timer, or at once when something woke it while the
+-- invocation ran). Answers the runs suspended (not those whose lease was lost). The runs are
+-- locked in id order, before any is suspended (a materialised CTE: the planner would otherwise
+-- call run_suspend below the lock).
+WITH locked AS MATERIALIZED (
+    SELECT r.id, r.project_id, q.token, q.acked FROM runs r
     JOIN (SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
               CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text, acked boolean)
           WHERE jsonb_typeof(item) = 'object') q ON r.id = q.id AND r.lease_token = q.token
     ORDER BY r.id
     FOR UPDATE OF r
-) q
-WHERE runs.id = q.id
-RETURNING runs.id;
+)
+SELECT id FROM locked WHERE run_suspend(id, project_id, token, acked);
 
 -- name: invoke_failed
 -- The invocation of run $1 (lease $2) could not be delivered: the run stays running, due again
--- in $3 ms; the delivery window counts from the first failure of the streak.
-UPDATE runs SET
-    lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
-    undelivered_since = coalesce(undelivered_since, now()),
-    ready_at = least(deadline_at, now() + make_interval(secs => $3::double precision / 1000))
-WHERE id = $1 AND lease_token = $2
-RETURNING invoke_attempts;
+-- in $3 ms (run_release); answers the failures counted, null when the lease was lost.
+SELECT run_release(id, project_id, $2, $3::double precision) FROM runs WHERE id = $1;
 
 -- name: end_runs
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its

@@ -740,3 +740,48 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION run_wake(uuid, uuid, jsonb) IS 'The wake transition: a run not ended is due now (or right after its active invocation), with what woke it in its history.';
+
+CREATE FUNCTION run_suspend(p_run uuid, p_project uuid, p_token text, p_acked boolean)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- The suspend transition: the invocation holding lease p_token ended with the run still
+    -- running. The lease is released and the run comes due at its earliest timer (a sleep, a
+    -- retry, a wait's timeout; its deadline at the latest), or at once when something woke it
+    -- while the invocation ran (wake_seq moved since the claim); the next invocation may carry
+    -- a delta only after one answered by an SDK that reads them (p_acked). Answers whether the
+    -- lease was still p_token's. Touches only this run's row.
+    UPDATE runs SET
+        lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
+        history_acked = CASE WHEN p_acked THEN runs.invocation_id END,
+        ready_at = CASE
+            WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
+            ELSE least(runs.deadline_at, (
+                SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
+                WHERE s.run_id = p_run AND s.status IN ('sleeping', 'retrying', 'waiting')))
+            END
+    WHERE id = p_run AND project_id = p_project AND lease_token = p_token;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION run_suspend(uuid, uuid, text, boolean) IS 'The suspend transition: the lease released, the run due at its earliest timer or at once when woken meanwhile.';
+
+CREATE FUNCTION run_release(p_run uuid, p_project uuid, p_token text, p_delay_ms double precision)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    attempts integer;
+BEGIN
+    -- The release transition after a delivery failure: the invocation holding lease p_token
+    -- could not reach the app. The lease is released and the run, still running, is due again
+    -- in p_delay_ms (never past its deadline); the delivery window counts from the first
+    -- failure of the streak. Answers the failures counted so far (NULL: the lease was lost).
+    -- Touches only this run's row.
+    UPDATE runs SET
+        lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
+        undelivered_since = coalesce(undelivered_since, now()),
+        ready_at = least(deadline_at, now() + make_interval(secs => p_delay_ms / 1000))
+    WHERE id = p_run AND project_id = p_project AND lease_token = p_token
+    RETURNING invoke_attempts INTO attempts;
+    RETURN attempts;
+END
+$$;
+COMMENT ON FUNCTION run_release(uuid, uuid, text, double precision) IS 'The release transition after a delivery failure: the lease released, the run due again after a backoff.';
