@@ -79,7 +79,7 @@ _ENDED_EVENTS = """
 INSERT INTO run_events (run_id, seq, project_id, type, step_name)
 SELECT f.id, k, $1,
        (ARRAY['run.started', 'invocation.started', 'step.started', 'step.completed',
-              'step.completed', 'invocation.ended', 'run.completed'])[k],
+              'step.completed', 'invocation.ended', 'run.completed']::run_event_type[])[k],
        CASE WHEN k IN (3, 4, 5) THEN 's1' END
 FROM fill_ids f CROSS JOIN generate_series(1, 7) k"""
 _SLEEPING_RUNS = """
@@ -112,7 +112,8 @@ FROM fill_ids f WHERE r.id = f.id AND f.g % 3 <> 0 AND r.project_id = $1"""
 _SLEEPING_EVENTS = """
 INSERT INTO run_events (run_id, seq, project_id, type, step_name)
 SELECT f.id, k, $1,
-       (ARRAY['run.started', 'invocation.started', 'step.sleeping', 'invocation.ended'])[k],
+       (ARRAY['run.started', 'invocation.started', 'step.sleeping',
+              'invocation.ended']::run_event_type[])[k],
        CASE WHEN k = 3 THEN 'nap' END
 FROM fill_ids f CROSS JOIN generate_series(1, 4) k"""
 

@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from stepline_server.engine.events import EventType
+
 
 class RunStatus(StrEnum):
     """Where a run stands (openapi.yaml's RunStatus)."""
@@ -27,10 +29,10 @@ RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OU
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # a run's priority: among due runs, higher goes first
 
 END_EVENT = {
-    RunStatus.COMPLETED: "run.completed",
-    RunStatus.FAILED: "run.failed",
-    RunStatus.CANCELLED: "run.cancelled",
-    RunStatus.TIMED_OUT: "run.timedOut",
+    RunStatus.COMPLETED: EventType.RUN_COMPLETED,
+    RunStatus.FAILED: EventType.RUN_FAILED,
+    RunStatus.CANCELLED: EventType.RUN_CANCELLED,
+    RunStatus.TIMED_OUT: EventType.RUN_TIMED_OUT,
 }
 
 

@@ -17,23 +17,24 @@ from stepline.protocol import (
 from stepline_server.engine import error_codes, ids
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine import state as run_state
+from stepline_server.engine.events import EventType
 
 _NS = uuid.UUID("6f1f3c1e-3b1a-4d5e-9f51-5a3d1f0b7c42")
 
 # What each action means for the step row and which history event it appends.
 _ACTIONS: dict[Action, tuple[StepStatus, str, set[StepKind]]] = {
-    Action.START: (StepStatus.RUNNING, "step.started", {StepKind.RUN}),
+    Action.START: (StepStatus.RUNNING, EventType.STEP_STARTED, {StepKind.RUN}),
     Action.COMPLETE: (
         StepStatus.COMPLETED,
-        "step.completed",
+        EventType.STEP_COMPLETED,
         {StepKind.RUN, StepKind.VALUE, StepKind.STATE},
     ),
-    Action.FAIL: (StepStatus.FAILED, "step.failed", {StepKind.RUN}),
-    Action.RETRY: (StepStatus.RETRYING, "step.retrying", {StepKind.RUN}),
-    Action.SLEEP: (StepStatus.SLEEPING, "step.sleeping", {StepKind.SLEEP}),
-    Action.CALLBACK: (StepStatus.WAITING, "step.waiting", {StepKind.CALLBACK}),
-    Action.EVENT: (StepStatus.WAITING, "step.waiting", {StepKind.EVENT}),
-    Action.INVOKE: (StepStatus.WAITING, "step.waiting", {StepKind.INVOKE}),
+    Action.FAIL: (StepStatus.FAILED, EventType.STEP_FAILED, {StepKind.RUN}),
+    Action.RETRY: (StepStatus.RETRYING, EventType.STEP_RETRYING, {StepKind.RUN}),
+    Action.SLEEP: (StepStatus.SLEEPING, EventType.STEP_SLEEPING, {StepKind.SLEEP}),
+    Action.CALLBACK: (StepStatus.WAITING, EventType.STEP_WAITING, {StepKind.CALLBACK}),
+    Action.EVENT: (StepStatus.WAITING, EventType.STEP_WAITING, {StepKind.EVENT}),
+    Action.INVOKE: (StepStatus.WAITING, EventType.STEP_WAITING, {StepKind.INVOKE}),
 }
 
 ENDED_STEP = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED})
@@ -141,8 +142,8 @@ class Plan:
                 change.status, change.output = StepStatus.FAILED.value, None
                 change.error = run_state.too_many_keys(refused[change.name])
         for event in self.events:
-            if event["step_name"] in refused and event["type"] == "state.set":
-                event["type"] = "step.failed"
+            if event["step_name"] in refused and event["type"] == EventType.STATE_SET:
+                event["type"] = EventType.STEP_FAILED
                 event["data"] = {
                     **event["data"],
                     "error": run_state.too_many_keys(refused[event["step_name"]]),
@@ -195,13 +196,17 @@ def _state_change(u: StepUpdate, plan: Plan) -> StepChange:
     refused = run_state.refusal(u)
     data: dict[str, Any] = {"kind": u.kind.value, "key": u.key}
     if refused is not None:
-        failed = {"type": "step.failed", "step_name": u.name, "data": data | {"error": refused}}
+        failed = {
+            "type": EventType.STEP_FAILED,
+            "step_name": u.name,
+            "data": data | {"error": refused},
+        }
         plan.events.append(failed)
         return StepChange(
             u.name, u.kind.value, StepStatus.FAILED.value, 1, error=refused, ended=True
         )
     assert u.key is not None  # refusal() checked it
-    plan.events.append({"type": "state.set", "step_name": u.name, "data": data})
+    plan.events.append({"type": EventType.STATE_SET, "step_name": u.name, "data": data})
     plan.states.append((u.key, u.name))
     return StepChange(
         u.name, u.kind.value, StepStatus.COMPLETED.value, 1, output=u.output, ended=True
@@ -261,7 +266,7 @@ def _patch_event(u: StepUpdate) -> dict[str, Any]:
             f"step {u.name!r}: the marker of patch {u.patch!r} is named "
             f"{patch_step_name(u.patch)!r}"
         )
-    return {"type": "patch.recorded", "step_name": u.name, "data": {"patch": u.patch}}
+    return {"type": EventType.PATCH_RECORDED, "step_name": u.name, "data": {"patch": u.patch}}
 
 
 def _event(event_type: str, u: StepUpdate, change: StepChange) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from stepline_server.engine.events import EventType
 from stepline_server.engine.runs import ENDED, RunStatus
 
 
@@ -93,7 +94,7 @@ class Outcome:
         if self.request:
             data["request"] = self.request
         return {
-            "type": "invocation.ended",
+            "type": EventType.INVOCATION_ENDED,
             "deployment_id": self.deployment_id,
             "http_status": self.http_status,
             "duration_ms": self.duration_ms,

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from stepline.protocol import PROTOCOL_VERSION
+from stepline_server.engine.events import EventType
 from stepline_server.store import runs
 from stepline_server.store.db import Conn, Q, Record
 
@@ -133,9 +134,8 @@ async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
         orphaned = await conn.fetch(Q["fail_orphaned_parents"], project_id, app_id, error)
         for row in orphaned:
             data = {"kind": "invoke", "childRunId": str(row["child_id"]), "error": error}
-            event = {"type": "step.failed", "step_name": row["name"], "data": data}
-            await runs.append_events(conn, row["run_id"], [event])
-            await conn.execute(Q["wake"], row["run_id"])
+            event = {"type": EventType.STEP_FAILED, "step_name": row["name"], "data": data}
+            await runs.wake(conn, row["run_id"], [event], notify=False)
         await conn.execute(Q["delete_app"], project_id, app_id)
         if orphaned:
             await conn.execute(Q["notify_wake"])

@@ -9,6 +9,7 @@ from typing import Any
 from asyncpg import UniqueViolationError
 
 from stepline_server.engine import runs as rules
+from stepline_server.engine.events import EventType
 from stepline_server.store import runs
 from stepline_server.store.db import Conn, Q, Record
 
@@ -30,7 +31,12 @@ async def start_child(
         await runs.append_events(
             conn,
             cid,
-            [{"type": "run.started", "data": {"trigger": "parent", "parentRunId": str(run_id)}}],
+            [
+                {
+                    "type": EventType.RUN_STARTED,
+                    "data": {"trigger": "parent", "parentRunId": str(run_id)},
+                }
+            ],
         )
         await conn.execute(Q["notify_wake"])
         return
@@ -58,7 +64,7 @@ async def _fail_invoke_step(
     error = {"type": "ChildWorkflowFailed", "code": code, "message": message}
     await conn.execute(Q["fail_step"], run_id, step_name, error)
     event = {
-        "type": "step.failed",
+        "type": EventType.STEP_FAILED,
         "step_name": step_name,
         "data": {"kind": "invoke", "error": error},
     }
@@ -81,9 +87,9 @@ async def resolve_child(conn: Conn, child: Record) -> None:
     data: dict[str, Any] = {"kind": "invoke", "childRunId": str(child["id"])}
     if error:
         data["error"] = error
-    event = "step.completed" if status == "completed" else "step.failed"
-    await runs.append_events(conn, parent, [{"type": event, "step_name": name, "data": data}])
-    await runs.wake(conn, parent)
+    event = EventType.STEP_COMPLETED if status == "completed" else EventType.STEP_FAILED
+    # The child's end wakes its parent: the wake transition of the parent's run.
+    await runs.wake(conn, parent, [{"type": event, "step_name": name, "data": data}])
 
 
 async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> None:
@@ -95,15 +101,15 @@ async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> N
     callbacks = [r["callback_id"] for r in cancelled if r["callback_id"] is not None]
     if callbacks:
         await conn.execute(Q["cancel_callbacks"], callbacks)
-    cancelling: dict[str, Any] = {"type": "run.cancelling"}
+    cancelling: dict[str, Any] = {"type": EventType.RUN_CANCELLING}
     if by is not None:
         cancelling["data"] = {"by": by}
     events: list[dict[str, Any]] = [cancelling] + [
-        {"type": "step.cancelled", "step_name": r["name"], "data": {"kind": r["kind"]}}
+        {"type": EventType.STEP_CANCELLED, "step_name": r["name"], "data": {"kind": r["kind"]}}
         for r in cancelled
     ]
-    await runs.append_events(conn, run_id, events)
+    await runs.wake(conn, run_id, events, notify=False)
     for r in cancelled:
         if r["child_run_id"] is not None:
             await cancel_tree(conn, r["child_run_id"])
-    await runs.wake(conn, run_id)
+    await conn.execute(Q["notify_wake"])

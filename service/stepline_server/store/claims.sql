@@ -191,8 +191,11 @@ starts AS (
     GROUP BY q.run_id
 ),
 evs AS (
-    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, at, name) AS ord, at,
-           type, name, invocation_id, deployment_id, data
+    SELECT run_id,
+           jsonb_agg(jsonb_build_object('at', at, 'type', type, 'step_name', name,
+                                        'invocation_id', invocation_id,
+                                        'deployment_id', deployment_id, 'data', data)
+                     ORDER BY k, at, name) AS events
     FROM (
         SELECT run_id, 0 AS k, ended_at AS at,
                CASE WHEN kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END AS type,
@@ -206,24 +209,18 @@ evs AS (
         FROM held q JOIN starts ON starts.run_id = q.run_id
         WHERE NOT q.again
     ) x
-),
-counts AS (
-    SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
+    GROUP BY run_id
 ),
 r AS (
-    UPDATE runs SET next_seq = runs.next_seq + counts.n,
-                    history_snapshot = pg_current_snapshot(), history_invocation = h.invocation_id,
+    UPDATE runs SET history_snapshot = pg_current_snapshot(), history_invocation = h.invocation_id,
                     history_db = db.id
-    FROM counts JOIN held h ON h.run_id = counts.run_id CROSS JOIN db
-    WHERE runs.id = counts.run_id
-    RETURNING runs.id, runs.project_id, runs.next_seq - counts.n AS base
+    FROM evs JOIN held h ON h.run_id = evs.run_id CROSS JOIN db
+    WHERE runs.id = evs.run_id
+    RETURNING runs.id, runs.project_id, evs.events
 ),
+-- Each run's history, appended once its row is updated (this reads r).
 history AS (
-    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
-                            deployment_id, data)
-    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.at, evs.type, evs.name,
-           evs.invocation_id, evs.deployment_id, evs.data
-    FROM r JOIN evs ON evs.run_id = r.id
+    SELECT r.id, append_run_events(r.id, r.project_id, r.events) AS seq FROM r
 )
 -- The steps to send as read before this statement, with what it just settled laid over them.
 SELECT q.run_id, s.name, s.kind, s.status, s.position, s.attempt, s.output, s.output_bytes,
@@ -234,6 +231,7 @@ SELECT q.run_id, s.name, s.kind, s.status, s.position, s.attempt, s.output, s.ou
        size.steps AS history_steps, size.bytes AS history_bytes
 FROM held q
 JOIN starts ON starts.run_id = q.run_id
+LEFT JOIN history ON history.id = q.run_id
 CROSS JOIN LATERAL (
     SELECT count(*) AS steps, coalesce(sum(a.output_bytes), 0)::bigint AS bytes
     FROM steps a WHERE a.run_id = q.run_id

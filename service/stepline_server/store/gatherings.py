@@ -106,14 +106,14 @@ async def _join(
 async def fire(conn: Conn, run_id: uuid.UUID) -> Fired | None:
     """Fire the gathering of ``run_id`` now: its run made due (``run.debounced`` or
     ``run.batched`` in its history); None when the run no longer gathers."""
-    row = await conn.fetchrow(Q["fire_gathering"], run_id)
+    row = await conn.fetchrow(Q["fire_gatherings"], run_id, 1)
     return None if row is None else _fired(row)
 
 
 async def fire_due(conn: Conn, limit: int = 100) -> list[Fired]:
     """Fire up to ``limit`` gatherings whose time has come (each claimed, so two orchestrators
     never fire one twice)."""
-    return [_fired(row) for row in await conn.fetch(Q["fire_due_gatherings"], limit)]
+    return [_fired(row) for row in await conn.fetch(Q["fire_gatherings"], None, limit)]
 
 
 def _fired(row: Record) -> Fired:

@@ -64,46 +64,19 @@ WHERE id = $1 AND status = 'running' AND ready_at IS NULL AND lease_token IS NUL
   AND started_at IS NULL
 RETURNING id;
 
--- name: fire_gathering
--- Fires the gathering of run $1 now (a batch that just filled): deletes it and makes its run
--- due now, its time limit counted from now, with run.debounced {starts} or run.batched
--- {size, eventIds} in its history; wakes every orchestrator's dispatcher. No row when the run
--- no longer gathers (the gathering is deleted all the same).
-WITH g AS (
-    DELETE FROM run_gatherings WHERE run_id = $1 RETURNING *
-),
-r AS (
-    UPDATE runs
-    SET ready_at = now(), next_seq = next_seq + 1,
-        deadline_at = now() + make_interval(
-            secs => (runs.options ->> 'timeoutMs')::double precision / 1000)
-    FROM g
-    WHERE runs.id = g.run_id AND runs.status = 'running' AND runs.ready_at IS NULL
-      AND runs.lease_token IS NULL AND runs.started_at IS NULL
-    RETURNING runs.id, runs.project_id, runs.workflow, runs.next_seq - 1 AS seq, g.kind,
-              g.starts, g.event_ids
-),
-h AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, data)
-    SELECT id, seq, project_id,
-           CASE kind WHEN 'debounce' THEN 'run.debounced' ELSE 'run.batched' END,
-           CASE kind WHEN 'debounce' THEN jsonb_build_object('starts', starts)
-                ELSE jsonb_build_object('size', starts, 'eventIds', event_ids) END
-    FROM r
-)
-SELECT id, project_id, workflow, kind, starts,
-       CASE WHEN EXISTS (SELECT 1 FROM r) THEN pg_notify('stepline_wake', '') END AS woken
-FROM r;
-
--- name: fire_due_gatherings
--- Fires up to $1 gatherings whose time has come, as fire_gathering fires one; each is claimed
--- (FOR UPDATE SKIP LOCKED) so two orchestrators never fire one twice, and one a start is
--- joining meanwhile is left for the next pass.
+-- name: fire_gatherings
+-- Fires the gathering of run $1 now (a batch that just filled; the caller holds its row), or,
+-- with $1 null, up to $2 gatherings whose time has come, each claimed (FOR UPDATE SKIP LOCKED)
+-- so two orchestrators never fire one twice, and one a start is joining meanwhile is left for
+-- the next pass. Firing deletes the gathering and makes its run due now, its time limit
+-- counted from now, with run.debounced {starts} or run.batched {size, eventIds} in its
+-- history; wakes every orchestrator's dispatcher. No row for a run that no longer gathers
+-- (its gathering is deleted all the same).
 WITH due AS (
     SELECT run_id FROM run_gatherings
-    WHERE fire_at <= now()
+    WHERE run_id = $1::uuid OR ($1::uuid IS NULL AND fire_at <= now())
     ORDER BY fire_at
-    LIMIT $1
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 ),
 g AS (
@@ -112,26 +85,27 @@ g AS (
 ),
 r AS (
     UPDATE runs
-    SET ready_at = now(), next_seq = next_seq + 1,
+    SET ready_at = now(),
         deadline_at = now() + make_interval(
             secs => (runs.options ->> 'timeoutMs')::double precision / 1000)
     FROM g
     WHERE runs.id = g.run_id AND runs.status = 'running' AND runs.ready_at IS NULL
       AND runs.lease_token IS NULL AND runs.started_at IS NULL
-    RETURNING runs.id, runs.project_id, runs.workflow, runs.next_seq - 1 AS seq, g.kind,
-              g.starts, g.event_ids
-),
-h AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, data)
-    SELECT id, seq, project_id,
-           CASE kind WHEN 'debounce' THEN 'run.debounced' ELSE 'run.batched' END,
-           CASE kind WHEN 'debounce' THEN jsonb_build_object('starts', starts)
-                ELSE jsonb_build_object('size', starts, 'eventIds', event_ids) END
-    FROM r
+    RETURNING runs.id, runs.project_id, runs.workflow, g.kind, g.starts, g.event_ids
 )
 SELECT id, project_id, workflow, kind, starts,
        CASE WHEN EXISTS (SELECT 1 FROM r) THEN pg_notify('stepline_wake', '') END AS woken
-FROM r;
+FROM r
+CROSS JOIN LATERAL (
+    SELECT append_run_events(r.id, r.project_id, jsonb_build_array(
+        CASE kind WHEN 'debounce'
+             THEN jsonb_build_object('type', 'run.debounced',
+                                     'data', jsonb_build_object('starts', starts))
+             ELSE jsonb_build_object('type', 'run.batched',
+                                     'data', jsonb_build_object('size', starts,
+                                                                'eventIds', event_ids))
+        END)) AS seq
+) h;
 
 -- name: gathering_of_run
 -- The open gathering run $1 belongs to, if any (what GET /v1/runs/{id} shows of it).

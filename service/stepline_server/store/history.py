@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepline.protocol import INLINE_RESULT_BYTES
+from stepline_server.engine.events import EventType
 from stepline_server.store import runs
 from stepline_server.store.db import Conn, Q, Record
 
@@ -72,6 +73,6 @@ async def next_generation(conn: Conn, run_id: uuid.UUID, lease: str, input: Any)
     if continued is None:
         return False
     data = {"generation": continued.generation, "steps": continued.steps, "input": input}
-    await runs.append_events(conn, run_id, [{"type": "run.continuedAsNew", "data": data}])
+    await runs.append_events(conn, run_id, [{"type": EventType.RUN_CONTINUED_AS_NEW, "data": data}])
     await conn.execute(Q["notify_wake"])
     return True

@@ -5,25 +5,34 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from stepline_server.engine import runs as rules
 from stepline_server.engine import transitions
 from stepline_server.store import children, history, schedules
 from stepline_server.store.db import Conn, Q
 
-if TYPE_CHECKING:
-    from stepline_server.store.progress import Progress
+
+class Ended(Protocol):
+    """An invocation that ended (``store.progress.Progress`` is one): its run, the lease token
+    it held, and how it ended."""
+
+    @property
+    def run_id(self) -> uuid.UUID: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def outcome(self) -> transitions.Outcome | None: ...
 
 
-async def record_outcomes(conn: Conn, items: list[Progress]) -> set[uuid.UUID]:
+async def record_outcomes(conn: Conn, items: list[Ended]) -> set[uuid.UUID]:
     """After the invocations' last updates, in their transaction: move each run by the
     transition its outcome maps to (``engine.transitions``): end it, suspend it, start its next
     generation or invoke it again later; the runs recorded. A run missing had lost its lease
     (the next invocation replays what was committed, so nothing is lost)."""
     recorded: set[uuid.UUID] = set()
     ends: list[End] = []
-    suspended: list[Progress] = []
+    suspended: list[Ended] = []
     for item in items:
         outcome = item.outcome
         assert outcome is not None

@@ -3,39 +3,25 @@
 
 -- name: suspend_runs
 -- Ends invocations ($1: [{id, token, acked}], each a run and its lease token, and whether an SDK
--- that reads history deltas answered) with the runs still running: each comes due at its
--- earliest timer, or at once when something woke it while the invocation ran; the next
--- invocation may carry a delta only after an acked one. Answers the runs suspended (not those
--- whose lease was lost). The runs are locked in id order.
-UPDATE runs SET
-    lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
-    history_acked = CASE WHEN q.acked THEN runs.invocation_id END,
-    ready_at = CASE
-        WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
-        ELSE least(runs.deadline_at, (
-            SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
-            WHERE s.run_id = runs.id AND s.status IN ('sleeping', 'retrying', 'waiting')))
-        END
-FROM (
-    SELECT r.id, q.acked FROM runs r
+-- that reads history deltas answered) with the runs still running: each is suspended
+-- (run_suspend: due at its earliest timer, or at once when something woke it while the
+-- invocation ran). Answers the runs suspended (not those whose lease was lost). The runs are
+-- locked in id order, before any is suspended (a materialised CTE: the planner would otherwise
+-- call run_suspend below the lock).
+WITH locked AS MATERIALIZED (
+    SELECT r.id, r.project_id, q.token, q.acked FROM runs r
     JOIN (SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
               CROSS JOIN LATERAL jsonb_to_record(item) AS q(id uuid, token text, acked boolean)
           WHERE jsonb_typeof(item) = 'object') q ON r.id = q.id AND r.lease_token = q.token
     ORDER BY r.id
     FOR UPDATE OF r
-) q
-WHERE runs.id = q.id
-RETURNING runs.id;
+)
+SELECT id FROM locked WHERE run_suspend(id, project_id, token, acked);
 
 -- name: invoke_failed
 -- The invocation of run $1 (lease $2) could not be delivered: the run stays running, due again
--- in $3 ms; the delivery window counts from the first failure of the streak.
-UPDATE runs SET
-    lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
-    undelivered_since = coalesce(undelivered_since, now()),
-    ready_at = least(deadline_at, now() + make_interval(secs => $3::double precision / 1000))
-WHERE id = $1 AND lease_token = $2
-RETURNING invoke_attempts;
+-- in $3 ms (run_release); answers the failures counted, null when the lease was lost.
+SELECT run_release(id, project_id, $2, $3::double precision) FROM runs WHERE id = $1;
 
 -- name: end_runs
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its
@@ -67,8 +53,8 @@ cancelled_callbacks AS (
     FROM closed WHERE c.id = closed.callback_id AND c.status = 'pending'
 ),
 evs AS (
-    SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY k, name) AS ord, type, name,
-           data
+    SELECT run_id, jsonb_agg(jsonb_build_object('type', type, 'step_name', name, 'data', data)
+                             ORDER BY k, name) AS events
     FROM (
         SELECT run_id, 0 AS k, 'step.cancelled' AS type, name,
                jsonb_build_object('kind', kind) AS data
@@ -76,23 +62,20 @@ evs AS (
         UNION ALL
         SELECT q.id, 1, q.event, NULL, q.data FROM q JOIN ok ON ok.id = q.id
     ) x
-),
-counts AS (
-    SELECT run_id, count(*) AS n FROM evs GROUP BY run_id
+    GROUP BY run_id
 ),
 r AS (
     UPDATE runs SET
         status = q.status, output = q.output, error = q.error, ended_at = now(),
-        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = runs.version + 1,
-        next_seq = runs.next_seq + counts.n
-    FROM q JOIN counts ON counts.run_id = q.id
+        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = runs.version + 1
+    FROM q JOIN ok ON ok.id = q.id
     WHERE runs.id = q.id
     RETURNING runs.id, runs.project_id, runs.parent_run_id, runs.parent_step,
-              runs.schedule_id, runs.status, runs.next_seq - counts.n AS base
+              runs.schedule_id, runs.status
 ),
 history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + evs.ord - 1, r.project_id, evs.type, evs.name, evs.data
+    -- (Each run's events are appended once its row is updated: this reads r.)
+    SELECT r.id, append_run_events(r.id, r.project_id, evs.events) AS seq
     FROM r JOIN evs ON evs.run_id = r.id
 ),
 alerted AS (
@@ -118,4 +101,4 @@ SELECT r.id, r.project_id, r.parent_run_id, r.parent_step, r.schedule_id, r.stat
                WHERE c.parent_run_id = r.id AND c.status IN ('running', 'cancelling'))
            AS has_children,
        pg_notify('stepline_ended', r.id::text)
-FROM r;
+FROM r JOIN history h ON h.id = r.id;

@@ -9,6 +9,7 @@ from typing import Any
 
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine import state as state_rules
+from stepline_server.engine.events import EventType
 from stepline_server.engine.steps import Plan
 from stepline_server.engine.transitions import Outcome
 from stepline_server.store import children, runs, state
@@ -70,23 +71,21 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
     """Commit several runs' progress in one statement, with their log lines (as far as each
     run's log has room: see :mod:`stepline_server.engine.logs`); a run missing from the answer
     had a stale token (nothing of it was written). Each run may appear once."""
-    requests, changes, events, callbacks, lines = [], [], [], [], []
+    requests, changes, callbacks, lines = [], [], [], []
     for item in items:
         run = str(item.run_id)
-        run_events = [*item.plan.events, *item.extra_events]
         requests.append(
             {
                 "run_id": run,
                 "token": item.token,
                 "invocation_id": str(item.invocation_id),
-                "n_events": len(run_events),
+                "events": [*item.plan.events, *item.extra_events],
                 "seq": item.seq,
                 "digest": item.digest,
                 "logs_dropped": item.plan.logs_dropped,
             }
         )
         changes += [c.row() | {"run_id": run, "ord": n} for n, c in enumerate(item.plan.changes, 1)]
-        events += [e | {"run_id": run, "ord": n} for n, e in enumerate(run_events, 1)]
         callbacks += [
             {"run_id": run, "id": cid, "step_name": name, "timeout_ms": timeout}
             for cid, name, timeout in item.plan.callbacks
@@ -96,7 +95,6 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
         Q["progress"],
         requests,
         changes,
-        events,
         callbacks,
         lines,
         run_logs.MAX_LINES,
@@ -162,9 +160,8 @@ async def _take_recent_events(
             name = took["name"]
             data = {"event": wait.event_name, "eventId": took["event_id"]}
             taken += [
-                {"type": "event.received", "step_name": name, "data": data},
-                {"type": "step.completed", "step_name": name, "data": {"kind": "event"}},
+                {"type": EventType.EVENT_RECEIVED, "step_name": name, "data": data},
+                {"type": EventType.STEP_COMPLETED, "step_name": name, "data": {"kind": "event"}},
             ]
     if taken:
-        await runs.append_events(conn, run_id, taken)
-        await conn.execute(Q["wake"], run_id)
+        await runs.wake(conn, run_id, taken, notify=False)

@@ -3,12 +3,13 @@
 
 -- name: progress
 -- Applies step changes for several runs at once (a group commit), each for the invocation
--- holding the run's lease, and appends their history and log lines, in one statement. $1:
--- [{run_id, token, invocation_id, n_events, seq, digest, logs_dropped}], $2: changes and $3:
--- events, each with run_id and ord (1-based, per run), $4: callbacks to create [{run_id, id,
--- step_name, timeout_ms}], $5: log lines [{run_id, ord, at, level, message, fields, step_name,
--- size}], kept in order while the run's log has room ($6 lines, $7 bytes in all; once a line
--- did not fit, none newer is kept) and counted as dropped past it. A run
+-- holding the run's lease, and appends their history (append_run_events) and log lines, in one
+-- statement. $1: [{run_id, token, invocation_id, events, seq, digest, logs_dropped}] (events:
+-- the run's history events, in order), $2: changes, each with run_id and ord (1-based, per
+-- run; a step's position is the seq of its run's ord-th event), $3: callbacks to create
+-- [{run_id, id, step_name, timeout_ms}], $4: log lines [{run_id, ord, at, level, message,
+-- fields, step_name, size}], kept in order while the run's log has room ($5 lines, $6 bytes in
+-- all; once a line did not fit, none newer is kept) and counted as dropped past it. A run
 -- comes back with no row (nothing written: the caller must stop) when the token or the
 -- invocation is not the one holding the run, when the run is past its time limit, or when the
 -- call repeats an applied seq with another body (digest: a second execution of the
@@ -18,7 +19,7 @@
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
         CROSS JOIN LATERAL jsonb_to_record(item)
-            AS q(run_id uuid, token text, invocation_id uuid, n_events integer, seq bigint,
+            AS q(run_id uuid, token text, invocation_id uuid, events jsonb, seq bigint,
                  digest text, logs_dropped integer)
         WHERE jsonb_typeof(item) = 'object'
 ),
@@ -41,19 +42,13 @@ changes AS MATERIALIZED (
              event_name text, match jsonb)
         WHERE jsonb_typeof(item) = 'object'
 ),
-history_in AS MATERIALIZED (
-    SELECT x.* FROM jsonb_array_elements($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
-        AS x(run_id uuid, ord integer, type text, step_name text, deployment_id text,
-             http_status integer, duration_ms integer, data jsonb)
-        WHERE jsonb_typeof(item) = 'object'
-),
 callbacks_in AS MATERIALIZED (
-    SELECT x.* FROM jsonb_array_elements($4::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+    SELECT x.* FROM jsonb_array_elements($3::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, id uuid, step_name text, timeout_ms bigint)
         WHERE jsonb_typeof(item) = 'object'
 ),
 logs_in AS MATERIALIZED (
-    SELECT x.* FROM jsonb_array_elements($5::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
+    SELECT x.* FROM jsonb_array_elements($4::jsonb) AS item CROSS JOIN LATERAL jsonb_to_record(item)
         AS x(run_id uuid, ord integer, at timestamptz, level text, message text, fields jsonb,
              step_name text, size integer)
         WHERE jsonb_typeof(item) = 'object'
@@ -61,9 +56,9 @@ logs_in AS MATERIALIZED (
 -- Each line's seq in the run's log and whether it fits (the run is locked: its counts hold).
 logs_fit AS MATERIALIZED (
     SELECT l.*, h.log_lines + l.ord AS seq,
-           h.logs_dropped = 0 AND h.log_lines + l.ord <= $6::integer
+           h.logs_dropped = 0 AND h.log_lines + l.ord <= $5::integer
            AND h.log_bytes + sum(l.size) OVER (PARTITION BY l.run_id ORDER BY l.ord)
-               <= $7::bigint AS fits
+               <= $6::bigint AS fits
     FROM logs_in l JOIN held h ON h.id = l.run_id
 ),
 logs_count AS (
@@ -72,10 +67,9 @@ logs_count AS (
            count(*) FILTER (WHERE NOT fits) AS dropped
     FROM logs_fit GROUP BY run_id
 ),
-r AS (
+u AS (
     UPDATE runs
-    SET next_seq = runs.next_seq + q.n_events,
-        progress_at = now(),
+    SET progress_at = now(),
         progress_seq = greatest(runs.progress_seq, q.seq),
         progress_digest = CASE WHEN q.seq > 0 THEN q.digest ELSE runs.progress_digest END,
         log_lines = runs.log_lines + coalesce(lc.kept, 0),
@@ -85,8 +79,14 @@ r AS (
     FROM q JOIN held AS before ON before.id = q.run_id
          LEFT JOIN logs_count lc ON lc.run_id = q.run_id
     WHERE runs.id = q.run_id AND (q.seq = 0 OR before.progress_seq < q.seq)
-    RETURNING runs.id, runs.project_id, runs.next_seq - q.n_events AS base,
-              runs.cancel_requested, q.invocation_id, before.progress_at AS since
+    RETURNING runs.id, runs.project_id, runs.cancel_requested, q.invocation_id, q.events,
+              before.progress_at AS since
+),
+-- Each run's history, appended once its row is updated (this reads u): base is the seq of its
+-- first event.
+r AS (
+    SELECT u.*, append_run_events(u.id, u.project_id, u.events, u.invocation_id) AS base
+    FROM u
 ),
 s AS (
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
@@ -127,13 +127,6 @@ callbacks_made AS (
         status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
         timeout_at = excluded.timeout_at
     WHERE callbacks.status <> 'pending'
-),
-e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id,
-                            deployment_id, http_status, duration_ms, data)
-    SELECT r.id, r.base + x.ord - 1, r.project_id, x.type, x.step_name, r.invocation_id,
-           x.deployment_id, x.http_status, x.duration_ms, x.data
-    FROM history_in x JOIN r ON r.id = x.run_id
 ),
 lg AS (
     INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)

@@ -22,16 +22,15 @@ WITH stuck AS (
 ),
 woken AS (
     UPDATE runs SET ready_at = now(), wake_seq = wake_seq + 1, lease_token = NULL,
-                    lease_owner = NULL, next_seq = next_seq + 1
+                    lease_owner = NULL
     FROM stuck WHERE runs.id = stuck.id
-    RETURNING runs.id, runs.project_id, runs.workflow, runs.next_seq - 1 AS seq
-),
-history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, data)
-    SELECT id, seq, project_id, 'run.repaired',
-           '{"reason": "no lease, no due time and no open wait"}'::jsonb
-    FROM woken
+    RETURNING runs.id, runs.project_id, runs.workflow
 )
 SELECT id, project_id, workflow, CASE WHEN EXISTS (SELECT 1 FROM woken)
                                       THEN pg_notify('stepline_wake', '') END
-FROM woken;
+FROM woken
+CROSS JOIN LATERAL (
+    SELECT append_run_events(woken.id, woken.project_id, jsonb_build_array(jsonb_build_object(
+        'type', 'run.repaired',
+        'data', jsonb_build_object('reason', 'no lease, no due time and no open wait')))) AS seq
+) h;

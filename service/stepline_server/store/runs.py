@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from stepline_server.engine import runs as rules
+from stepline_server.engine.events import EventType
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -178,13 +179,26 @@ async def restart(
     if by is not None:
         data["by"] = started["by"] = by
     # The retry is said (run.retried: from where, who asked), then the run starts again.
-    events = [{"type": "run.retried", "data": data}, {"type": "run.started", "data": started}]
+    events = [
+        {"type": EventType.RUN_RETRIED, "data": data},
+        {"type": EventType.RUN_STARTED, "data": started},
+    ]
     await append_events(conn, run_id, events)
     await conn.execute(Q["notify_wake"])
     return row
 
 
-async def wake(conn: Conn, run_id: uuid.UUID) -> None:
-    """Make a run due now (or right after its active invocation) and wake the dispatchers."""
-    await conn.execute(Q["wake"], run_id)
-    await conn.execute(Q["notify_wake"])
+async def wake(
+    conn: Conn,
+    run_id: uuid.UUID,
+    events: list[dict[str, Any]] | None = None,
+    *,
+    notify: bool = True,
+) -> bool:
+    """Make a run not ended due now (or right after its active invocation), with ``events``
+    (what woke it) in its history: the wake transition (``run_wake``); with ``notify``, wake
+    every orchestrator's dispatcher. False when the run had ended (nothing appended)."""
+    woken = bool(await conn.fetchval(Q["wake"], run_id, events))
+    if notify:
+        await conn.execute(Q["notify_wake"])
+    return woken

@@ -10,7 +10,7 @@
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
 -- $16: the run gathers a debounce's or a batch's starts: it has no due time (and wakes no
--- dispatcher) until the gathering fires (fire_gathering). The run is on its app's current
+-- dispatcher) until the gathering fires (fire_gatherings). The run is on its app's current
 -- deployment.
 WITH w AS (
     SELECT w.app_id, w.options, w.version, a.slug, a.name, a.kind = 'pull' AS pull,
@@ -21,12 +21,12 @@ WITH w AS (
 r AS (
     INSERT INTO runs (id, project_id, app_id, workflow, input, run_key, parent_run_id,
                       parent_step, schedule_id, scheduled_at, trigger, options, deadline_at,
-                      ready_at, next_seq, event_id, concurrency_key, singleton_key,
+                      ready_at, event_id, concurrency_key, singleton_key,
                       definition_version, pull, priority, rate_key, event_key, deployment)
     SELECT $1, $2, w.app_id, $3, $4::jsonb, $5::text, $6::uuid, $7::text, $8::text,
            $9::timestamptz, $10::text, w.options,
            now() + make_interval(secs => (w.options ->> 'timeoutMs')::double precision / 1000),
-           CASE WHEN $16::boolean THEN NULL ELSE now() END, 2, $13::uuid,
+           CASE WHEN $16::boolean THEN NULL ELSE now() END, $13::uuid,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
                 THEN $4::jsonb ->> (w.options ->> 'concurrencyKey') END,
            CASE WHEN jsonb_typeof($4::jsonb) = 'object'
@@ -38,15 +38,16 @@ r AS (
     FROM w
     ON CONFLICT DO NOTHING
     RETURNING *
-),
-e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, invocation_id, data)
-    SELECT id, 1, project_id, 'run.started', NULL, $11::jsonb FROM r
 )
 SELECT r.*, w.slug AS app_slug, w.name AS app_name,
        CASE WHEN ($12::boolean OR w.pull) AND NOT $16::boolean
             THEN pg_notify('stepline_wake', '') END
-FROM r, w;
+FROM r, w
+CROSS JOIN LATERAL (
+    SELECT append_run_events(r.id, r.project_id,
+                             jsonb_build_array(jsonb_build_object('type', 'run.started',
+                                                                  'data', $11::jsonb))) AS seq
+) e;
 
 -- name: get_run_by_key
 SELECT r.*, a.slug AS app_slug, a.name AS app_name FROM runs r JOIN apps a ON a.id = r.app_id
@@ -102,20 +103,8 @@ LIMIT $4;
 
 -- name: append_events
 -- $1 run id, $2 jsonb array of {type, step_name, invocation_id, deployment_id, http_status,
--- duration_ms, data}; numbers them after the run's last event.
-WITH r AS (
-    UPDATE runs SET next_seq = next_seq + jsonb_array_length($2::jsonb)
-    WHERE id = $1
-    RETURNING project_id, next_seq - jsonb_array_length($2::jsonb) AS base
-)
-INSERT INTO run_events (run_id, seq, project_id, type, step_name, invocation_id, deployment_id,
-                        http_status, duration_ms, data)
-SELECT $1, r.base + x.ord - 1, r.project_id, x.type, x.step_name, x.invocation_id,
-       x.deployment_id, x.http_status, x.duration_ms, x.data
-FROM r, ROWS FROM (jsonb_to_recordset($2::jsonb) AS (
-    type text, step_name text, invocation_id uuid, deployment_id text, http_status integer,
-    duration_ms integer, data jsonb)) WITH ORDINALITY AS x(type, step_name, invocation_id,
-    deployment_id, http_status, duration_ms, data, ord);
+-- duration_ms, data}; numbers them after the run's last event (append_run_events).
+SELECT append_run_events(id, project_id, $2::jsonb) FROM runs WHERE id = $1;
 
 -- name: insert_child_run
 -- A child run of workflow $3 for run $5's step $6: on its parent's deployment when it is of

@@ -16,12 +16,9 @@ WHERE run_id = $1 AND name = $2 AND status = 'waiting'
 RETURNING name;
 
 -- name: wake
--- Something outside the run moved it: run it now, or right after the active invocation
--- (woken_ready_at, the wake rule every wake-up follows).
-UPDATE runs SET
-    wake_seq = wake_seq + 1,
-    ready_at = woken_ready_at(lease_token, ready_at)
-WHERE id = $1 AND status IN ('running', 'cancelling');
+-- Something outside run $1 moved it: run it now, or right after the active invocation, with
+-- what woke it ($2: events, or null) in its history (run_wake, the wake transition).
+SELECT run_wake(id, project_id, $2::jsonb) FROM runs WHERE id = $1;
 
 -- name: get_callback
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
@@ -46,24 +43,18 @@ s AS (
     FROM c
     WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
 ),
-r AS (
-    UPDATE runs SET
-        next_seq = next_seq + 2,
-        wake_seq = wake_seq + 1,
-        ready_at = woken_ready_at(lease_token, ready_at)
+w AS (
+    -- (A CTE that reads c: the run wakes once its callback is completed.)
+    SELECT c.run_id, run_wake(c.run_id, c.project_id, jsonb_build_array(
+        jsonb_build_object('type', 'callback.completed', 'step_name', c.step_name,
+                           'data', jsonb_build_object('callbackId', $1::text)),
+        jsonb_build_object('type', 'step.completed', 'step_name', c.step_name,
+                           'data', '{"kind": "callback"}'::jsonb))) AS woken
     FROM c
-    WHERE runs.id = c.run_id AND runs.status IN ('running', 'cancelling')
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 AS base, runs.pull
-),
-e AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + x.n, r.project_id, x.type, c.step_name, x.data
-    FROM r, c, (VALUES (0, 'callback.completed', jsonb_build_object('callbackId', $1::text)),
-                       (1, 'step.completed', '{"kind": "callback"}'::jsonb)) AS x(n, type, data)
 )
-SELECT c.*, r.id IS NOT NULL AS run_woken,
-       CASE WHEN $4::boolean OR r.pull THEN pg_notify('stepline_wake', '') END
-FROM c LEFT JOIN r ON true;
+SELECT c.*, w.woken AS run_woken,
+       CASE WHEN $4::boolean OR (w.woken AND r.pull) THEN pg_notify('stepline_wake', '') END
+FROM c JOIN w ON w.run_id = c.run_id LEFT JOIN runs r ON r.id = c.run_id;
 
 -- name: lock_event_name
 -- Serialises sending event $2 of project $1 with recording a wait for it, until the
@@ -122,31 +113,26 @@ WITH m AS (
     RETURNING run_id, name
 ),
 numbered AS (
-    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k,
-           count(*) OVER (PARTITION BY run_id) AS n
+    SELECT run_id, name, row_number() OVER (PARTITION BY run_id ORDER BY name) AS k
     FROM m
 ),
-r AS (
-    UPDATE runs SET
-        next_seq = next_seq + 2 * w.n,
-        wake_seq = wake_seq + 1,
-        ready_at = CASE WHEN status IN ('running', 'cancelling')
-                        THEN woken_ready_at(lease_token, ready_at) ELSE ready_at END
-    FROM (SELECT run_id, n FROM numbered WHERE k = 1) w
-    WHERE runs.id = w.run_id
-    RETURNING runs.id, runs.project_id, runs.next_seq - 2 * w.n AS base, runs.pull
-),
-history AS (
-    INSERT INTO run_events (run_id, seq, project_id, type, step_name, data)
-    SELECT r.id, r.base + 2 * (numbered.k - 1) + x.i, r.project_id, x.type, numbered.name,
-           x.data
-    FROM r JOIN numbered ON numbered.run_id = r.id,
-         (VALUES (0, 'event.received',
-                  jsonb_build_object('event', $3::text, 'eventId', coalesce($5::text, $1::uuid::text))),
-                 (1, 'step.completed', '{"kind": "event"}'::jsonb)) AS x(i, type, data)
+w AS (
+    SELECT n1.run_id, run_wake(n1.run_id, $2, (
+        SELECT jsonb_agg(x.ev ORDER BY n.k, x.i)
+        FROM numbered n CROSS JOIN LATERAL (VALUES
+            (0, jsonb_build_object(
+                    'type', 'event.received', 'step_name', n.name,
+                    'data', jsonb_build_object('event', $3::text,
+                                               'eventId', coalesce($5::text, $1::uuid::text)))),
+            (1, jsonb_build_object('type', 'step.completed', 'step_name', n.name,
+                                   'data', '{"kind": "event"}'::jsonb))) AS x(i, ev)
+        WHERE n.run_id = n1.run_id)) AS woken
+    FROM numbered n1 WHERE n1.k = 1
 )
 -- A pull app's run wakes every orchestrator: their workers' polls claim it.
-SELECT id, CASE WHEN pull THEN pg_notify('stepline_wake', '') END FROM r;
+SELECT w.run_id AS id, CASE WHEN r.pull THEN pg_notify('stepline_wake', '') END
+FROM w JOIN runs r ON r.id = w.run_id
+WHERE w.woken;
 
 -- name: event_workflows
 -- The workflows of project $1 that every event named $2 starts a run of, with their options
