@@ -25,10 +25,13 @@ async def test_laying_out_does_nothing_on_plain_postgresql(database_url: str) ->
         assert not layout
         assert layout.changed == []
         # The migrations kept every unique index of the schema (none was changed for Citus).
-        assert await conn.fetchval(
-            "SELECT count(*) FROM pg_indexes WHERE indexname IN ('runs_run_key', "
-            "'runs_singleton') AND indexdef LIKE 'CREATE UNIQUE INDEX%'"
-        ) == 2
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_indexes WHERE indexname IN ('runs_run_key', "
+                "'runs_singleton') AND indexdef LIKE 'CREATE UNIQUE INDEX%'"
+            )
+            == 2
+        )
     finally:
         await conn.close()
 

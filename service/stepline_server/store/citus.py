@@ -21,8 +21,9 @@ distribution column appended; a bare unique index becomes a plain index of the s
 a foreign key that Citus cannot keep is dropped. What it changed is returned, and logged by the
 caller.
 
-The run transitions (PL/pgSQL functions whose first argument is the run id) are delegated to
-the worker holding that run's shard as they appear.
+The schema's functions are made on every node (Citus does not propagate by itself those of a
+table's row type), and the run transitions (PL/pgSQL functions whose first argument is the run
+id) are delegated to the worker holding that run's shard as they appear.
 
 The DDL here names tables and columns, so it is composed from the fixed lists below (quoted
 identifiers); the catalog reads and Citus calls are named queries in ``citus.sql``.
@@ -96,12 +97,16 @@ class Layout:
     reference: list[str] = field(default_factory=list)
     distributed: list[str] = field(default_factory=list)
     local: list[str] = field(default_factory=list)
+    propagated: list[str] = field(default_factory=list)
+    """Functions made on every node (those Citus did not propagate by itself)."""
     delegated: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     """Constraints and indexes changed for Citus, one line each (what they were)."""
 
     def __bool__(self) -> bool:
-        return bool(self.reference or self.distributed or self.local or self.delegated)
+        return bool(
+            self.reference or self.distributed or self.local or self.propagated or self.delegated
+        )
 
 
 def _ident(name: str) -> str:
@@ -128,20 +133,15 @@ async def lay_out(conn: Conn) -> Layout:
     async def exists(name: str) -> bool:
         return bool(await conn.fetchval(Q["citus_table_exists"], name))
 
-    for name in REFERENCE:
-        if name not in known and await exists(name):
-            await conn.fetchval(Q["citus_create_reference_table"], name)
-            layout.reference.append(name)
+    reference = [t for t in REFERENCE if t not in known and await exists(t)]
+    distributed = [d for d in DISTRIBUTED if d[0] not in known and await exists(d[0])]
+    local = [t for t in LOCAL if t not in known and await exists(t)]
+    if reference or distributed or local:
+        await _lay_out_tables(conn, reference, distributed, local, known, layout)
 
-    todo = [(t, col, with_) for t, col, with_ in DISTRIBUTED if t not in known and await exists(t)]
-    if todo:
-        await _distribute(conn, todo, known, layout)
-
-    for name in LOCAL:
-        if name not in known and await exists(name):
-            await conn.fetchval(Q["citus_add_local_table"], name)
-            layout.local.append(name)
-
+    for row in await conn.fetch(Q["citus_functions_to_propagate"], list(DELEGATED_FUNCTIONS)):
+        await conn.fetchval(Q["citus_propagate_function"], row["signature"])
+        layout.propagated.append(row["signature"])
     rows = await conn.fetch(Q["citus_functions_to_delegate"], list(DELEGATED_FUNCTIONS))
     for row in rows:
         await conn.fetchval(Q["citus_delegate_function"], row["signature"])
@@ -149,43 +149,60 @@ async def lay_out(conn: Conn) -> Layout:
     return layout
 
 
-async def _distribute(
-    conn: Conn, todo: list[tuple[str, str, str]], known: set[str], layout: Layout
+async def _lay_out_tables(
+    conn: Conn,
+    reference: list[str],
+    distributed: list[tuple[str, str, str]],
+    local: list[str],
+    known: set[str],
+    layout: Layout,
 ) -> None:
-    """Distribute the tables of ``todo`` (the foreign keys among them dropped, then restored)."""
+    """Lay the tables out, the foreign keys that touch them dropped first, then restored.
+
+    The keys go first because Citus turns a plain table that references a new reference table
+    into a coordinator-local one, and distributing such a table later rebuilds it, dropping
+    what depends on its row type (lease_claim_of, pull_lease_lapse). Restored are the keys
+    Citus keeps: to a reference table, or between colocated distribution columns.
+    """
     columns = {t: col for t, col, _ in DISTRIBUTED}
-    names = list(columns)
-    # Foreign keys among distributed tables are dropped first (Citus distributes no table that
-    # a local one references), and those between colocated distribution columns restored
-    # after. A key between tables already distributed stays as it is.
+    names = [*REFERENCE, *columns, *LOCAL]
+    todo = {*reference, *(t for t, _, _ in distributed), *local}
     keys = [
         k
-        for k in await conn.fetch(Q["citus_foreign_keys_among"], names, [columns[n] for n in names])
-        if not (k["tbl"] in known and k["ref"] in known)
+        for k in await conn.fetch(
+            Q["citus_foreign_keys_among"], names, [columns.get(n) for n in names]
+        )
+        if k["tbl"] in todo or k["ref"] in todo
     ]
+    kept = [k for k in keys if k["colocated"] or k["ref"] in REFERENCE]
     async with conn.transaction():
         for k in keys:
             table, name = _ident(k["tbl"]), _ident(k["name"])
             await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-            if not k["colocated"]:
+            if k not in kept:
                 layout.changed.append(
                     f"{k['tbl']}: foreign key {k['name']} dropped ({k['definition']})"
                 )
-        for table, col, _ in todo:
+        for table, col, _ in distributed:
             await _fit_unique(conn, table, col, layout)
+    for name in reference:
+        await conn.fetchval(Q["citus_create_reference_table"], name)
+        layout.reference.append(name)
     # steps keeps its trigger (steps_version): Citus calls triggers on distributed tables
     # unsafe (they run on the shard's node, in its transaction) and takes them on request.
     await conn.execute(Q["citus_allow_triggers"])
     try:
-        for table, col, with_ in todo:
+        for table, col, with_ in distributed:
             await conn.fetchval(Q["citus_create_distributed_table"], table, col, with_)
             layout.distributed.append(table)
     finally:
         await conn.execute(Q["citus_reset_triggers"])
-    for k in keys:
-        if k["colocated"]:
-            table, name = _ident(k["tbl"]), _ident(k["name"])
-            await conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {k['definition']}")
+    for name in local:
+        await conn.fetchval(Q["citus_add_local_table"], name)
+        layout.local.append(name)
+    for k in kept:
+        table, name = _ident(k["tbl"]), _ident(k["name"])
+        await conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {k['definition']}")
 
 
 async def _fit_unique(conn: Conn, table: str, col: str, layout: Layout) -> None:

@@ -5,6 +5,11 @@
 -- Whether the citus extension is installed in this database.
 SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 
+-- name: citus_session
+-- A pooled session on a Citus coordinator plans each statement for its values (the store's
+-- sessions force generic plans elsewhere: db.SESSION_SETTINGS).
+SET plan_cache_mode = force_custom_plan;
+
 -- name: citus_tables_laid_out
 -- The tables Citus already knows (distributed, reference or coordinator-local), by name.
 SELECT logicalrelid::regclass::text AS name FROM pg_dist_partition;
@@ -84,3 +89,18 @@ ORDER BY 1;
 -- name: citus_delegate_function
 -- Function $1 runs on the worker holding the shard of its first argument's run.
 SELECT create_distributed_function($1::regprocedure, '$1', colocate_with := 'runs');
+
+-- name: citus_functions_to_propagate
+-- The functions of the schema Citus has not made on every node, other than those of $1
+-- (delegated instead): those of a table's row type (lease_claim_of, pull_lease_lapse), which
+-- it does not propagate while the table is not distributed.
+SELECT p.oid::regprocedure::text AS signature
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public' AND NOT p.proname = ANY ($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                  WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)
+ORDER BY 1;
+
+-- name: citus_propagate_function
+-- Function $1 made on every node (called where its caller runs, not delegated).
+SELECT create_distributed_function($1::regprocedure);

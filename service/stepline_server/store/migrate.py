@@ -87,6 +87,7 @@ async def _lay_out_for_citus(conn: asyncpg.Connection) -> None:
             reference=layout.reference,
             distributed=layout.distributed,
             local=layout.local,
+            propagated=layout.propagated,
             delegated=layout.delegated,
             changed=layout.changed,
         )
