@@ -85,6 +85,35 @@ async def _on_nodes(nodes: list[str], sql: str) -> None:
     await asyncio.gather(*(_execute(node, sql) for node in nodes))
 
 
+async def _drop_everywhere(nodes: list[str], name: str) -> None:
+    """Drop database ``name`` on every node: the coordinator first (its sessions ended), then
+    each worker, with what two-phase commits the ended sessions left prepared there."""
+    sql = f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+    await _execute(nodes[0], sql)
+    await asyncio.gather(*(_drop_on_worker(node, name, sql) for node in nodes[1:]))
+
+
+async def _drop_on_worker(node: str, name: str, sql: str) -> None:
+    admin = await asyncpg.connect(node)
+    try:
+        gids = [
+            r["gid"]
+            for r in await admin.fetch(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = $1", name
+            )
+        ]
+    finally:
+        await admin.close()
+    if gids:
+        conn = await asyncpg.connect(database_dsn(node, name))
+        try:
+            for gid in gids:
+                await conn.execute(f"ROLLBACK PREPARED '{gid}'")
+        finally:
+            await conn.close()
+    await _execute(node, sql)
+
+
 async def _create_template(nodes: list[str], name: str) -> None:
     """Database ``name`` on every node, migrated on the first (with Citus: its coordinator)."""
     await _on_nodes(nodes, f'CREATE DATABASE "{name}"')
@@ -160,7 +189,7 @@ def template_database(admin_loop: AdminLoop, server_nodes: list[str]) -> Iterato
         admin_loop.run(_create_template(server_nodes, name))
         yield name
     finally:
-        admin_loop.run(_on_nodes(server_nodes, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_loop.run(_drop_everywhere(server_nodes, name))
 
 
 @pytest.fixture
@@ -175,4 +204,4 @@ def database_url(
     try:
         yield database_dsn(server_nodes[0], name)
     finally:
-        admin_loop.run(_on_nodes(server_nodes, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin_loop.run(_drop_everywhere(server_nodes, name))
