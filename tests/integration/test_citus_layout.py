@@ -57,7 +57,6 @@ KNOWN_REFUSED = frozenset(
         "pull_lease",
         "record_attempt",
         "record_operation_runs",
-        "record_sla_breaches",
         "release_held",
         "repair_stuck_runs",
         "restart_run",
@@ -108,8 +107,6 @@ async def test_the_migrated_database_is_laid_out_by_run(database_url: str) -> No
             assert tables[name][0] == "reference", name
         for name, column, _ in citus.DISTRIBUTED:
             assert tables[name][:2] == ("distributed", column), name
-        for name in citus.LOCAL:
-            assert tables[name][0] == "local", name
         run_group = tables["runs"][2]
         colocated = {n for n, (_, _, group) in tables.items() if group == run_group}
         assert colocated == {n for n, _, with_ in citus.DISTRIBUTED if "runs" in (n, with_)}

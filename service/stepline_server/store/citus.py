@@ -1,4 +1,4 @@
-"""The schema laid out on a Citus cluster: distributed, reference and coordinator-local tables.
+"""The schema laid out on a Citus cluster: distributed and reference tables, delegated functions.
 
 ``lay_out`` runs after the migrations (``migrate.apply_migrations`` calls it). On plain
 PostgreSQL (no ``citus`` extension in the database) it does nothing. With the extension it lays
@@ -6,12 +6,12 @@ out each table the migrations made that Citus does not know yet, so it is idempo
 migration's table is laid out by the next ``stepline migrate``:
 
 * the small per-project tables (projects, environments, keys, apps, workflows, deployments,
-  schedules, alerts, operations, ...) become reference tables (a copy on every node);
+  schedules, alerts, operations, ...) and the alerts outbox become reference tables (a copy on
+  every node);
 * the tables that grow with runs are hashed by run id and colocated with ``runs`` (one run's
   rows, its steps, history, callbacks, logs, state, on one shard);
 * the other growing tables are hashed by their own key (events by id, schedule ticks by
   schedule, a bulk action's runs by operation);
-* the alerts outbox stays on the coordinator (a Citus local table).
 
 Citus needs every primary key and unique index of a distributed table to include its
 distribution column, and foreign keys between distributed tables to join on their distribution
@@ -38,7 +38,6 @@ from stepline_server.store.db import Conn, Q
 __all__ = [
     "DELEGATED_FUNCTIONS",
     "DISTRIBUTED",
-    "LOCAL",
     "REFERENCE",
     "Layout",
     "citus_present",
@@ -58,8 +57,11 @@ REFERENCE: tuple[str, ...] = (
     "schedules",
     "alerts",
     "operations",
+    "alert_notifications",
 )
-"""Small per-project (or per-server) tables: a copy on every node, in foreign key order."""
+"""Small per-project (or per-server) tables: a copy on every node, in foreign key order. The
+alerts outbox is one too: its claims take row locks, which reference tables allow, and it may
+be filled from the runs (record_sla_breaches), which a coordinator-local table may not."""
 
 DISTRIBUTED: tuple[tuple[str, str, str], ...] = (
     ("runs", "id", "none"),
@@ -74,9 +76,6 @@ DISTRIBUTED: tuple[tuple[str, str, str], ...] = (
     ("operation_runs", "operation_id", "none"),
 )
 """(table, distribution column, colocated with): ``runs`` first, its colocation group's root."""
-
-LOCAL: tuple[str, ...] = ("alert_notifications",)
-"""Tables kept on the coordinator, known to Citus (foreign keys to reference tables allowed)."""
 
 DELEGATED_FUNCTIONS: tuple[str, ...] = (
     "run_lease_begin",
@@ -96,7 +95,6 @@ class Layout:
 
     reference: list[str] = field(default_factory=list)
     distributed: list[str] = field(default_factory=list)
-    local: list[str] = field(default_factory=list)
     propagated: list[str] = field(default_factory=list)
     """Functions made on every node (those Citus did not propagate by itself)."""
     delegated: list[str] = field(default_factory=list)
@@ -104,9 +102,7 @@ class Layout:
     """Constraints and indexes changed for Citus, one line each (what they were)."""
 
     def __bool__(self) -> bool:
-        return bool(
-            self.reference or self.distributed or self.local or self.propagated or self.delegated
-        )
+        return bool(self.reference or self.distributed or self.propagated or self.delegated)
 
 
 def _ident(name: str) -> str:
@@ -135,9 +131,8 @@ async def lay_out(conn: Conn) -> Layout:
 
     reference = [t for t in REFERENCE if t not in known and await exists(t)]
     distributed = [d for d in DISTRIBUTED if d[0] not in known and await exists(d[0])]
-    local = [t for t in LOCAL if t not in known and await exists(t)]
-    if reference or distributed or local:
-        await _lay_out_tables(conn, reference, distributed, local, known, layout)
+    if reference or distributed:
+        await _lay_out_tables(conn, reference, distributed, layout)
 
     for row in await conn.fetch(Q["citus_functions_to_propagate"], list(DELEGATED_FUNCTIONS)):
         await conn.fetchval(Q["citus_propagate_function"], row["signature"])
@@ -153,8 +148,6 @@ async def _lay_out_tables(
     conn: Conn,
     reference: list[str],
     distributed: list[tuple[str, str, str]],
-    local: list[str],
-    known: set[str],
     layout: Layout,
 ) -> None:
     """Lay the tables out, the foreign keys that touch them dropped first, then restored.
@@ -165,8 +158,8 @@ async def _lay_out_tables(
     Citus keeps: to a reference table, or between colocated distribution columns.
     """
     columns = {t: col for t, col, _ in DISTRIBUTED}
-    names = [*REFERENCE, *columns, *LOCAL]
-    todo = {*reference, *(t for t, _, _ in distributed), *local}
+    names = [*REFERENCE, *columns]
+    todo = {*reference, *(t for t, _, _ in distributed)}
     keys = [
         k
         for k in await conn.fetch(
@@ -197,9 +190,6 @@ async def _lay_out_tables(
             layout.distributed.append(table)
     finally:
         await conn.execute(Q["citus_reset_triggers"])
-    for name in local:
-        await conn.fetchval(Q["citus_add_local_table"], name)
-        layout.local.append(name)
     for k in kept:
         table, name = _ident(k["tbl"]), _ident(k["name"])
         await conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {k['definition']}")

@@ -70,11 +70,6 @@ RESET citus.enable_unsafe_triggers;
 -- Table $1 hashed by column $2, colocated with $3 ('none': a colocation group of its own).
 SELECT create_distributed_table($1::regclass, $2::text, colocate_with => $3::text);
 
--- name: citus_add_local_table
--- Table $1 stays on the coordinator, known to Citus (so it may keep foreign keys to reference
--- tables).
-SELECT citus_add_local_table_to_metadata($1::regclass);
-
 -- name: citus_functions_to_delegate
 -- The functions named in $1 not yet delegated: their signatures (the run id is the first
 -- argument of each).

@@ -86,7 +86,6 @@ async def _lay_out_for_citus(conn: asyncpg.Connection) -> None:
             "citus layout",
             reference=layout.reference,
             distributed=layout.distributed,
-            local=layout.local,
             propagated=layout.propagated,
             delegated=layout.delegated,
             changed=layout.changed,
