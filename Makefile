@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when the dependencies change.
 STAMP := $(VENV)/.installed
 
-.PHONY: install dev test check bench chaos failover deploy-check fuzz browser model mutate
+.PHONY: install dev test check bench chaos failover deploy-check fuzz browser model mutate citus
 
 install: $(STAMP)
 
@@ -41,6 +41,14 @@ check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The tests on a local Citus cluster (tests/citus/README.md): Citus built and installed with
+# ../shared/citus/build.sh (needs root the first time), a coordinator and two workers started on
+# loopback from CITUS_PORT (default 9700), CITUS_TESTS run against the coordinator, the cluster
+# stopped at the end.
+CITUS_TESTS ?= -q tests/e2e
+citus: install
+	tests/citus/run.sh $(CITUS_TESTS)
 
 # The image built with podman, the compose file and the Kubernetes manifests validated
 # (deploy/check.sh says which tools it needs).

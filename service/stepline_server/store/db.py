@@ -85,6 +85,10 @@ async def _init_pooled(conn: Conn) -> None:
     await init_connection(conn)
     for name in ENUMS:
         await conn.set_type_codec(name, encoder=str, decoder=str, format="text")
+    if await conn.fetchval(Q["citus_present"]):
+        # On a Citus coordinator, a plan for the values at hand: Citus cannot make a generic
+        # plan of most distributed statements, and crashes on some (docs/scaling.md).
+        await conn.execute(Q["citus_session"])
 
 
 async def _keep_session(conn: Conn) -> None:

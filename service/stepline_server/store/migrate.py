@@ -18,10 +18,16 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
+
+from stepline_server.store import citus
+
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["MigrationError", "apply_migrations", "migration_files", "schema_sql"]
+
+_log = structlog.get_logger(__name__)
 
 _STORE_DIR = Path(__file__).resolve().parent
 _MIGRATIONS_DIR = _STORE_DIR / "migrations"
@@ -70,6 +76,24 @@ def _version(path: Path) -> int:
     return int(path.name[:4])
 
 
+async def _lay_out_for_citus(conn: asyncpg.Connection) -> None:
+    """On a Citus coordinator, lay out what the migrations made (``citus.lay_out``).
+
+    Nothing happens on plain PostgreSQL. Kept apart from the migrations: they stay the same
+    on both, and this step follows each run of them under the same lock.
+    """
+    layout = await citus.lay_out(conn)
+    if layout:
+        _log.info(
+            "citus layout",
+            reference=layout.reference,
+            distributed=layout.distributed,
+            propagated=layout.propagated,
+            delegated=layout.delegated,
+            changed=layout.changed,
+        )
+
+
 async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
     """Apply the migrations ``conn``'s database lacks, in order; return their names.
 
@@ -89,6 +113,7 @@ async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
                 await conn.execute(path.read_text(encoding="utf-8"))
                 await conn.execute(_RECORD, version, name)
             applied.append(name)
+        await _lay_out_for_citus(conn)
     finally:
         await conn.execute(_UNLOCK, _LOCK_KEY)
     return applied
