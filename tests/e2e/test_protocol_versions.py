@@ -22,7 +22,15 @@ import pytest
 import stepline
 from stepline.protocol import PROTOCOL_VERSION, InvokeRequest
 from tests.ports import free_port
-from tests.support import Stack, orchestrator_stack, read_body, serve, unpack_sdk, until
+from tests.support import (
+    Stack,
+    lifespan,
+    orchestrator_stack,
+    read_body,
+    serve,
+    unpack_sdk,
+    until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST_SDK = "7a8814b"  # the last commit whose SDK speaks protocol 1 (whole histories only)
@@ -197,9 +205,7 @@ class Fleet:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await lifespan(receive, send)
             return
         body = await read_body(receive)
         request = json.loads(body) if body else {}
