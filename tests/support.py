@@ -47,6 +47,13 @@ async def read_body(receive: Any) -> bytes:
             return body
 
 
+async def lifespan(receive: Any, send: Any) -> None:
+    """Answer an ASGI lifespan's startup and shutdown, for a test's bare ASGI app."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
 @contextlib.asynccontextmanager
 async def serve(app: Any, port: int | None = None) -> AsyncIterator[str]:
     """Serve an ASGI app with uvicorn on 127.0.0.1; yields its base URL."""

@@ -62,21 +62,34 @@ def to_ms(value: Duration) -> int:
 def in_words(seconds: float) -> str:
     """Seconds as a person says them: ``850 ms``, ``3.4 s``, ``2 min 5 s``, ``3 h 20 min``,
     ``7 days``; the second unit only when it is not zero."""
+    return _spelled(seconds, " ", ("ms", "s", "min", "h", "day", "days"))
+
+
+def in_short(seconds: float) -> str:
+    """Seconds as a table shows them: ``850ms``, ``3.4s``, ``45s``, ``2m 5s``, ``2h 5m``,
+    ``3d 4h``; the second unit only when it is not zero (``2h``, ``7d``)."""
+    return _spelled(seconds, "", ("ms", "s", "m", "h", "d", "d"))
+
+
+def _spelled(seconds: float, gap: str, units: tuple[str, str, str, str, str, str]) -> str:
+    """``seconds`` in at most two units (``units``: ms, s, min, h, one day, days), each number
+    and its unit apart by ``gap``."""
+    ms, s, mins, hrs, day, days = units
     if seconds < 0.9995:
-        return f"{round(max(0.0, seconds) * 1000)} ms"
+        return f"{round(max(0.0, seconds) * 1000)}{gap}{ms}"
     if seconds < 9.95:
-        return f"{seconds:.1f}".removesuffix(".0") + " s"
+        return f"{seconds:.1f}".removesuffix(".0") + gap + s
     minutes, secs = divmod(round(seconds), 60)
     if minutes == 0:
-        return f"{secs} s"
+        return f"{secs}{gap}{s}"
     if minutes < 60:
-        return _two(minutes, "min", secs, "s")
+        return _two(gap, minutes, mins, secs, s)
     hours, minutes = divmod(minutes, 60)
     if hours < 24:
-        return _two(hours, "h", minutes, "min")
-    days, hours = divmod(hours, 24)
-    return _two(days, "day" if days == 1 else "days", hours, "h")
+        return _two(gap, hours, hrs, minutes, mins)
+    whole, hours = divmod(hours, 24)
+    return _two(gap, whole, day if whole == 1 else days, hours, hrs)
 
 
-def _two(big: int, big_unit: str, small: int, small_unit: str) -> str:
-    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")
+def _two(gap: str, big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big}{gap}{big_unit}" + (f" {small}{gap}{small_unit}" if small else "")

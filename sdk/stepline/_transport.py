@@ -155,7 +155,11 @@ class Transport:
         again; 409 is :class:`StaleInvocation`, anything else :class:`OrchestratorUnavailable`."""
         base = request.api_url.rstrip("/")
         url = f"{base}/v1/invocations/{request.invocation_id}{path}"
-        headers = {"Authorization": f"Bearer {request.token}"}
+        headers = {
+            "Authorization": f"Bearer {request.token}",
+            # An SDK that declares no version is given a history without state steps.
+            protocol.PROTOCOL_HEADER: str(protocol.PROTOCOL_VERSION),
+        }
         problem = "no attempt made"
         for attempt in range(self.retries + 1):
             if attempt:

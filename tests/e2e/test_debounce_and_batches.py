@@ -4,6 +4,7 @@ orchestrator, two on one database, and one restarted."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import datetime
@@ -18,7 +19,7 @@ from stepline_server.loops import repair
 from stepline_server.store import gatherings, runs
 from stepline_server.store.keys import DEFAULT_PROJECT
 from tests.dashboard_forms import Dashboard
-from tests.support import Stack, app_server, hosted, orchestrator_stack, until
+from tests.support import Stack, app_server, hosted, lifespan, orchestrator_stack, serve, until
 
 
 def _debounced(
@@ -349,3 +350,50 @@ async def test_sync_refuses_invalid_debounces_and_batches(
                 json={"workflows": [{"name": "w", "someFutureOption": {"x": 1}}]},
             )
             assert newer.status_code == 200, newer.text
+
+
+class Describing:
+    """An app whose SDK answers ``describe`` with ``answer`` (as today's SDK does, with its
+    protocol header), whatever it was asked."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        headers = [(b"content-type", b"application/json"), (b"stepline-protocol", b"4")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": json.dumps(self.answer).encode()})
+
+
+@pytest.mark.parametrize("kind", ["push", "pull"])
+@pytest.mark.parametrize(
+    ("debounce", "field"),
+    [({"periodMs": "soon"}, "debounce.periodMs"), ("soon", "debounce")],
+)
+async def test_a_debounce_of_the_wrong_type_is_422_naming_the_workflow(
+    database_url: str, kind: str, debounce: Any, field: str
+) -> None:
+    """A description whose debounce is of the wrong JSON type is ``422 validation_failed``
+    naming the workflow and the field, whether a push app's describe answered it or a pull
+    app's worker sent it, and registers nothing; a push app's sync is not taken for an app
+    that could not be reached (502)."""
+    described = {"workflows": [{"name": "ok"}, {"name": "w", "debounce": debounce}]}
+    async with orchestrator_stack(database_url) as stack, serve(Describing(described)) as url:
+        headers = {"authorization": f"Bearer {stack.api_key}"}
+        async with httpx.AsyncClient(base_url=stack.url, headers=headers) as http:
+            if kind == "push":
+                slug = (await stack.client.create_app("pushed", url + "/"))["slug"]
+                bad = await http.post(f"/v1/apps/{slug}/sync")
+            else:
+                slug = await stack.register_pull()
+                bad = await http.post(f"/v1/apps/{slug}/sync", json=described)
+            assert bad.status_code == 422, bad.text
+            error = bad.json()["error"]
+            assert error["code"] == "validation_failed"
+            assert list(error["details"]["fields"]) == [f"workflows.w.{field}"]
+            assert error["message"].startswith(f"workflow 'w' declares an invalid {field}: ")
+            assert (await stack.client.list_workflows())["workflows"] == []
+            assert (await stack.client.get_app(slug))["syncedAt"] is None

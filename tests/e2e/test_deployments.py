@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ import stepline
 from stepline._worker import Worker
 from tests.dashboard_forms import Dashboard
 from tests.ports import free_port
-from tests.support import app_server, orchestrator_stack, until
+from tests.support import Stack, app_server, orchestrator_stack, until
 
 
 def _versioned(version: str, calls: list[str]) -> stepline.Stepline:
@@ -263,16 +264,24 @@ async def test_gated_pull_runs_go_only_to_their_deployments_workers(
             await w.aclose()
 
 
+async def _blue_and_green(stack: Stack) -> tuple[str, Any, Any, list[Any]]:
+    """A pull app with two runs of ``paint`` on its deployment ``blue``, then ``green`` made
+    its current one: its slug, the two deployments and the runs."""
+    c = stack.client
+    slug = await stack.register_pull()
+    blue = await c.create_deployment(slug, deployment_id="blue")
+    worker = Worker(_pulled("blue", []), stack.url, stack.api_key, slug, deployment="blue")
+    await worker.sync()
+    await worker.aclose()
+    old = [await c.start_run("paint", n) for n in (1, 2)]
+    green = await c.create_deployment(slug, deployment_id="green")
+    return slug, blue, green, old
+
+
 async def test_dashboard_moves_a_deployments_runs_and_deletes_it(database_url: str) -> None:
     async with orchestrator_stack(database_url) as stack, Dashboard(stack.url) as person:
         c = stack.client
-        slug = await stack.register_pull()
-        blue = await c.create_deployment(slug, deployment_id="blue")
-        worker = Worker(_pulled("blue", []), stack.url, stack.api_key, slug, deployment="blue")
-        await worker.sync()
-        await worker.aclose()
-        old = [await c.start_run("paint", n) for n in (1, 2)]
-        green = await c.create_deployment(slug, deployment_id="green")
+        slug, blue, green, old = await _blue_and_green(stack)
         await person.sign_in(stack.api_key)
         apps_page = await person.get("/ui/apps")
         assert f'href="/ui/apps/{slug}"' in apps_page.text
@@ -299,6 +308,46 @@ async def test_dashboard_moves_a_deployments_runs_and_deletes_it(database_url: s
         assert blue["id"] not in deleted.text
         left = [d["id"] for d in (await c.list_deployments(slug))["deployments"]]
         assert blue["id"] not in left and green["id"] in left
+
+
+async def test_a_bulk_filter_takes_a_deployment_as_the_dashboard_records_it(
+    database_url: str,
+) -> None:
+    """The bulk filter's ``deployment`` takes the runs on one deployment of the app (a dry run
+    counts them); an unknown deployment, one of another app or not an id is 422 naming
+    ``filter.deployment``; an operation made with it shows the filter as the dashboard's move
+    of a deployment's runs records it."""
+    async with orchestrator_stack(database_url) as stack, Dashboard(stack.url) as person:
+        c = stack.client
+        slug, blue, green, old = await _blue_and_green(stack)
+        other = await c.create_deployment(await stack.register_pull("other"), deployment_id="x")
+        on_blue = {"app": slug, "deployment": blue["id"]}
+        dry = await c.bulk_runs("move", on_blue, deployment=green["id"], dry_run=True)
+        assert dry["matched"] == 2 and set(dry["sample"]) == {r["id"] for r in old}
+        on_green = {"app": slug, "deployment": green["id"]}
+        assert (await c.bulk_runs("move", on_green, deployment=blue["id"], dry_run=True)) == {
+            "matched": 0,
+            "sample": [],
+        }
+        for bad in (str(uuid.uuid4()), other["id"], "blue"):
+            with pytest.raises(stepline.ApiError) as refused:
+                await c.bulk_runs("move", {"app": slug, "deployment": bad}, deployment=green["id"])
+            assert refused.value.status == 422, bad
+            assert list(refused.value.details["fields"]) == ["filter.deployment"], bad
+        assert (await c.list_operations())["operations"] == []
+        made = await c.bulk_runs("move", on_blue, deployment=green["id"])
+        await until(lambda: _done(c, made["id"]), "the move to end")
+        for run in old:
+            assert (await c.get_run(run["id"]))["deployment"] == green["id"]
+        await person.sign_in(stack.api_key)
+        back = await person.post(f"/ui/apps/{slug}/deployments/{green['id']}/move", to=blue["id"])
+        op_id = str(back.url).rstrip("/").rsplit("/", 1)[1]
+        await until(lambda: _done(c, op_id), "the move back to end")
+        assert (await c.get_operation(made["id"]))["filter"] == on_blue
+        by_dashboard = await c.get_operation(op_id)
+        assert by_dashboard["filter"] == on_green and by_dashboard["matched"] == 2
+        again = await c.bulk_runs("move", on_blue, deployment=green["id"], dry_run=True)
+        assert again["matched"] == 2  # back on blue
 
 
 def _cli(stack: Any, *args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,15 @@ import pytest
 import stepline
 from stepline.protocol import PROTOCOL_VERSION, InvokeRequest
 from tests.ports import free_port
-from tests.support import Stack, orchestrator_stack, read_body, serve, unpack_sdk
+from tests.support import (
+    Stack,
+    lifespan,
+    orchestrator_stack,
+    read_body,
+    serve,
+    unpack_sdk,
+    until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST_SDK = "7a8814b"  # the last commit whose SDK speaks protocol 1 (whole histories only)
@@ -197,9 +205,7 @@ class Fleet:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await lifespan(receive, send)
             return
         body = await read_body(receive)
         request = json.loads(body) if body else {}
@@ -321,3 +327,75 @@ async def test_a_rollback_to_the_oldest_protocol_runs_every_step_once(
     assert executions(effects) == [f"r{r}:add-{i}" for r in (1, 2) for i in range(4)]
     assert not [c for c in lb.calls if c[0] == "old" and c[1] and c[2] == 200], lb.calls
     assert ("old", True, 422) in lb.calls
+
+
+BEFORE_STATE_SDK = "ebecdf1"  # the last commit whose SDK speaks protocol 3 (no published state)
+
+STATELESS_APP = textwrap.dedent(
+    """
+    import stepline
+
+    sl = stepline.Stepline("secret-state-rollback")
+
+    @sl.workflow("publishing")
+    async def publishing(ctx, input):
+        first = await ctx.step("first", lambda: 1)
+        go = await ctx.callback("go")
+        return {"first": first, "got": await go.wait(), "sdk": stepline.__file__}
+
+    app = sl.asgi()
+    """
+)
+
+publisher = stepline.Stepline("secret-state-rollback")
+
+
+@publisher.workflow("publishing")
+async def publishing(ctx: stepline.Context, input: object) -> object:
+    await ctx.set_state("phase", "first")
+    first = await ctx.step("first", lambda: 1)
+    go = await ctx.callback("go")
+    return {"first": first, "got": await go.wait()}
+
+
+async def test_a_rollback_before_published_state_completes_a_run_that_published(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A run that published state on today's SDK waits on a callback; the app is rolled back
+    to an SDK of protocol 3 (which knows no ``state`` step) and synced: the run's next
+    invocation, a delta the old replica did not keep, is read and the history it fetches has no
+    state step, and the run completes on the old SDK; the state stays readable."""
+    unpack_sdk(BEFORE_STATE_SDK, tmp_path)
+    (tmp_path / "statelessapp.py").write_text(STATELESS_APP)
+    route = {"to": "new"}
+    async with (
+        app_process(tmp_path, "statelessapp", old=True) as old,
+        serve(publisher.asgi()) as new,
+        orchestrator_stack(database_url) as stack,
+    ):
+        lb = Fleet({"new": new + "/", "old": old}, lambda n: route["to"])
+        async with serve(lb) as url:
+            slug = await stack.register(publisher, url + "/", "rollback")  # synced on today's
+            assert (await stack.client.get_app(slug))["protocolVersion"] == 4
+            run = await stack.client.start_run("publishing", None)
+
+            async def go_waiting() -> str | None:
+                for step in (await stack.client.get_run(run["id"]))["steps"]:
+                    if step["name"] == "go" and step["status"] == "waiting":
+                        return str(step["callbackId"])
+                return None
+
+            go = await until(go_waiting, "the callback go waiting")
+            assert await stack.client.get_state(run["id"], "phase") == "first"
+            route["to"] = lb.sync_to = "old"
+            await stack.client.sync_app(slug)
+            assert (await stack.client.get_app(slug))["protocolVersion"] == 3
+            await stack.client.complete_callback(go, "on")
+            done = await stack.client.wait_run(run["id"], timeout=30)
+            assert done["status"] == "completed", done
+            assert done["output"]["first"] == 1 and done["output"]["got"] == "on"
+            assert done["output"]["sdk"].startswith(str(tmp_path))
+            assert await stack.client.get_state(run["id"], "phase") == "first"
+    assert [c for c in lb.calls if c[0] == "old"] and all(
+        c[2] == 200 for c in lb.calls if c[0] == "old"
+    ), lb.calls

@@ -34,6 +34,18 @@ def step_row(name: str, kind: str, status: str, position: int, **kw: Any) -> dic
     return row | kw
 
 
+def a_run() -> dict[str, Any]:
+    """A claimed run of ``wf`` with no input (its invocation's fields)."""
+    return {
+        "id": uuid.uuid4(),
+        "workflow": "wf",
+        "input": None,
+        "invocation_id": uuid.uuid4(),
+        "lease_token": "tok",
+        "cancel_requested": False,
+    }
+
+
 def through_models(run: dict[str, Any], steps: list[dict[str, Any]], attempt: int) -> Any:
     """The body as the protocol models would make it (the reference)."""
     records = []
@@ -107,14 +119,7 @@ def test_a_delta_comes_in_a_form_only_an_sdk_that_reads_deltas_takes() -> None:
     """With a base, the steps come as ``{"historyBase", "changes"}``: today's SDK reads them as
     the changes over that base; a ``steps`` that is not a list is what an SDK from before this
     form refuses (422) rather than take the changes for the whole history."""
-    run = {
-        "id": uuid.uuid4(),
-        "workflow": "wf",
-        "input": None,
-        "invocation_id": uuid.uuid4(),
-        "lease_token": "tok",
-        "cancel_requested": False,
-    }
+    run = a_run()
     base = uuid.uuid4()
     built = invoke_body(
         claim(run), STEPS[:2], attempt=1, api_url=API, signer=SIGNER, history_base=base
@@ -125,3 +130,26 @@ def test_a_delta_comes_in_a_form_only_an_sdk_that_reads_deltas_takes() -> None:
     assert [s.name for s in read.steps] == ["a", "b"]
     whole = invoke_body(claim(run), STEPS[:2], attempt=1, api_url=API, signer=SIGNER)
     assert isinstance(whole["steps"], list) and "historyBase" not in whole
+
+
+def test_state_steps_go_only_to_an_app_of_a_protocol_with_published_state() -> None:
+    """A run's ``state`` steps are in the history sent to an app of protocol 4 (the version it
+    declared at its sync, or a pull worker's), and left out for one of protocol 3 or none: its
+    SDK would refuse the kind, and its code never sets state."""
+    run = a_run()
+    steps = [
+        step_row("$state:phase", "state", "completed", 0, output="first"),
+        step_row("a", "run", "completed", 1, output=1),
+    ]
+
+    def names(synced: int | None, **kw: Any) -> list[str]:
+        built = invoke_body(
+            claim(run | {"app_protocol": synced}), steps, attempt=1, api_url=API,
+            signer=SIGNER, **kw,
+        )  # fmt: skip
+        return [s["name"] for s in built["steps"]]
+
+    assert names(4) == ["$state:phase", "a"]
+    assert names(3) == names(None) == ["a"]
+    assert names(3, app_protocol=4) == ["$state:phase", "a"]  # a pull worker's own version
+    assert names(4, app_protocol=3) == ["a"]

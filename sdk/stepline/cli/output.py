@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from stepline._durations import in_short
+
 
 def as_json(data: Any, out: TextIO, *, indent: int | None = 2) -> None:
     """``data`` as JSON on a line of its own (indented unless ``indent`` is None)."""
@@ -48,7 +50,7 @@ def when(value: str | None) -> str:
 
 
 def took(start: str | None, end: str | None) -> str:
-    """The time from ``start`` to ``end`` as ``12ms``, ``3.4s`` or ``2m05s``; ``-`` if unknown."""
+    """The time from ``start`` to ``end`` as ``12ms``, ``3.4s`` or ``2m 5s``; ``-`` if unknown."""
     if not start or not end:
         return "-"
     a = datetime.fromisoformat(start.replace("Z", "+00:00"))
@@ -57,19 +59,9 @@ def took(start: str | None, end: str | None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds for a person: ``850ms``, ``3.4s``, ``2m05s``, ``1h02m``, ``3d04h``."""
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
+    """Seconds for a person, the same in every table: ``850ms``, ``3.4s``, ``45s``, ``2m 5s``,
+    ``2h 5m``, ``3d 4h``."""
+    return in_short(seconds)
 
 
 def error_lines(error: dict[str, Any] | None, indent: str = "  ") -> list[str]:
@@ -201,7 +193,7 @@ def event_line(event: dict[str, Any]) -> str:
     if "httpStatus" in event:
         extra.append(f"http {event['httpStatus']}")
     if "durationMs" in event:
-        extra.append(f"{event['durationMs']}ms")
+        extra.append(duration(event["durationMs"] / 1000))
     if "deploymentId" in event:
         extra.append(f"deployment {event['deploymentId']}")
     if event.get("data") is not None:

@@ -8,7 +8,6 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepline.protocol import DescribeResponse
 from stepline_server.api import auth, pagination
 from stepline_server.api.context import orch, project
 from stepline_server.api.errors import (
@@ -214,7 +213,7 @@ async def _sync_pulled(request: Request, row: Record, take_over: bool) -> appsyn
             raise NotFound(f"app {row['slug']} has no deployment {declared!r}: register it first")
         old_deployment = not deployment["current"]
     try:
-        described = DescribeResponse.model_validate(data)
+        described = appsync.described_of(data)
         if old_deployment:
             # A worker of an older deployment: the app's workflows are the current one's.
             return appsync.Synced(row, appsync.workflows_of(described), [])

@@ -19,6 +19,7 @@ from stepline_server.application import actions, serialize
 from stepline_server.engine import bulk as rules
 from stepline_server.engine import ids
 from stepline_server.store import apps, deployments, operations
+from stepline_server.store.db import Conn
 
 _TEXT = 256
 
@@ -34,6 +35,7 @@ class BulkFilter(BaseModel):
     deployment_id: str | None = Field(
         default=None, alias="deploymentId", min_length=1, max_length=_TEXT
     )
+    deployment: uuid.UUID | None = None  # the runs on this deployment (its id) of their app
     created_after: AwareDatetime | None = Field(default=None, alias="createdAfter")
     created_before: AwareDatetime | None = Field(default=None, alias="createdBefore")
     run_key: str | None = Field(default=None, alias="runKey", min_length=1, max_length=129)
@@ -67,14 +69,33 @@ def _selection(body: BulkRequest) -> rules.Selection:
             app=f.app,
             deployment_id=f.deployment_id,
             from_step=body.from_step,
+            on_deployment=None if f.deployment is None else str(f.deployment),
         )
     except rules.FilterError as exc:
         where = exc.field if exc.field in ("fromStep", "deployment") else f"filter.{exc.field}"
         raise ValidationFailed(str(exc), {"fields": {where: str(exc)}}) from None
 
 
-def _times(value: Any) -> Any:
-    return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
+def _recorded(value: Any) -> Any:
+    """A filter's value as the operation records it (and the dashboard's filters read)."""
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
+async def _check_deployment(
+    conn: Conn, pid: uuid.UUID, app_id: uuid.UUID | None, deployment: uuid.UUID
+) -> None:
+    """The filter's ``deployment`` is one of the app's (of its ``app``, when it names one)."""
+    if app_id is None:
+        found = await deployments.in_environment(conn, pid, deployment)
+        message = f"no deployment {deployment} in this environment"
+    else:
+        row = await deployments.get(conn, app_id, str(deployment))
+        found = row is not None and row["id"] == deployment
+        message = f"the app has no deployment {deployment}"
+    if not found:
+        raise ValidationFailed(message, {"fields": {"filter.deployment": message}})
 
 
 async def bulk_runs(request: Request) -> Response:
@@ -92,6 +113,8 @@ async def bulk_runs(request: Request) -> Response:
                 message = f"no app with id, slug or name {selection.app!r}"
                 raise ValidationFailed(message, {"fields": {"filter.app": message}})
             app_id = app["id"]
+        if body.filter.deployment is not None:
+            await _check_deployment(conn, pid, app_id, body.filter.deployment)
         if body.deployment is not None and not await deployments.in_environment(
             conn, pid, body.deployment
         ):
@@ -108,7 +131,7 @@ async def bulk_runs(request: Request) -> Response:
             ids.new_id(),
             pid,
             body.action,
-            {k: _times(v) for k, v in given.items()},
+            {k: _recorded(v) for k, v in given.items()},
             selection,
             app_id,
             body.deployment,

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from stepline.protocol import PROTOCOL_HEADER, InvocationAnswer
+from stepline.protocol import OLDEST_PROTOCOL_VERSION, PROTOCOL_HEADER, InvocationAnswer
 from stepline_server.api import routes_apps
 from stepline_server.api.context import orch
 from stepline_server.api.errors import (
@@ -41,7 +41,8 @@ async def poll(request: Request) -> Response:
     """Up to ``limit`` invocations of the pull app, each leased to the caller, after waiting
     at most ``wait`` for one; ``204`` when none came. Only runs on the deployment the worker
     declares (``?deployment=ID``; none: the app's current one). Each carries a history delta
-    only when the worker declared a protocol that reads them (``Stepline-Protocol``)."""
+    only when the worker declared a protocol that reads them (``Stepline-Protocol``), and its
+    run's ``state`` steps only when that protocol has published state."""
     row = await routes_apps.app_of(request)
     await refuse_body(request)
     try:
@@ -75,6 +76,7 @@ async def poll(request: Request) -> Response:
             gone,
             deltas=deltas.reads_deltas(version),
             deployment=deployment["id"] if declared else None,
+            protocol=version or OLDEST_PROTOCOL_VERSION,
         )
     finally:
         watch.cancel()

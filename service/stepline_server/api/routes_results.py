@@ -5,7 +5,8 @@
   size and MD5 are those the invocation's ``outputRef`` gave.
 - ``GET /v1/invocations/{invocationId}/steps?runId=``: the run's whole history as it stands,
   ``{"steps": [...]}``, when the invocation carried only what changed since a history the SDK
-  did not keep (``historyBase``).
+  did not keep (``historyBase``); without its ``state`` steps when the SDK declares a protocol
+  before published state, or none (``Stepline-Protocol``), as an invocation would carry it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepline.protocol import PROTOCOL_HEADER
 from stepline_server.api.context import orch
 from stepline_server.api.errors import NotFound, StaleInvocation, ValidationFailed
 from stepline_server.api.responses import json_response
 from stepline_server.api.routes_protocol import authorize
-from stepline_server.invoke.body import step_json
+from stepline_server.engine import deltas
+from stepline_server.invoke.body import readable, step_json
 from stepline_server.store import history
 
 
@@ -55,7 +58,8 @@ async def invocation_steps(request: Request) -> Response:
         rows = await history.invocation_steps(conn, run_id, invocation_id, lease)
     if rows is None:
         raise StaleInvocation("this invocation no longer owns the run; stop running it")
-    steps = [step_json(row, o.settings.base_url, o.signer) for row in rows]
+    version = deltas.declared(request.headers.get(PROTOCOL_HEADER))
+    steps = [step_json(row, o.settings.base_url, o.signer) for row in readable(rows, version)]
     return json_response({"steps": steps})
 
 

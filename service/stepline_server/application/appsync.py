@@ -8,12 +8,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from stepline.protocol import OLDEST_PROTOCOL_VERSION, DescribeResponse
 from stepline_server.engine import gathering
 from stepline_server.store import apps, deployments
 from stepline_server.store.db import Conn, Record
 
 if TYPE_CHECKING:
+    from stepline_server.invoke.client import CallResult
     from stepline_server.orchestrator import Orchestrator
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -50,9 +53,7 @@ async def sync(o: Orchestrator, row: Record, *, take_over: bool = False) -> Sync
     :class:`~stepline_server.store.apps.WorkflowsTaken` when another app has one of them, and
     pydantic's ValidationError when a schedule it declares does not parse."""
     result = await o.caller.describe(row["url"], list(row["signing_secrets"]))
-    if not result.ok or not isinstance(result.response, DescribeResponse):
-        raise SyncFailed(f"could not sync the app at {row['url']}: {result.reason}")
-    return await register(o, row, result.response, take_over=take_over)
+    return await register(o, row, _answered(result, row["url"]), take_over=take_over)
 
 
 async def register(
@@ -79,10 +80,7 @@ async def deploy(
     definition makes the environment's next definitions version, as any sync does. Runs
     already started stay on their deployments. The same errors as :func:`sync`, and
     :class:`~stepline_server.store.deployments.Taken`; nothing changes on any error."""
-    result = await o.caller.describe(url, list(row["signing_secrets"]))
-    if not result.ok or not isinstance(result.response, DescribeResponse):
-        raise SyncFailed(f"could not sync the app at {url}: {result.reason}")
-    described = result.response
+    described = _answered(await o.caller.describe(url, list(row["signing_secrets"])), url)
     workflows = workflows_of(described)
     async with o.pool.acquire() as conn, conn.transaction():
         ident = await deployments.create(
@@ -93,6 +91,46 @@ async def deploy(
             given=deployment_id is not None,
         )
         return ident, await _record(o, conn, row, described, workflows, take_over)
+
+
+def _answered(result: CallResult, url: str) -> DescribeResponse:
+    """The app's describe answer; :class:`InvalidOptions` when the SDK answered with a field
+    of the wrong type (a pull app's sync refuses the same), :class:`SyncFailed` when there is
+    no answer to register."""
+    if result.invalid_answer is not None:
+        return described_of(result.invalid_answer)
+    if not result.ok or not isinstance(result.response, DescribeResponse):
+        raise SyncFailed(f"could not sync the app at {url}: {result.reason}")
+    return result.response
+
+
+def described_of(data: Any) -> DescribeResponse:
+    """``data`` (a describe answer's JSON, or what a pull app's worker sent) as the app's
+    description; :class:`InvalidOptions` naming each wrong field by its workflow's name
+    (``workflows.<name>.<field>``) when it is not one."""
+    try:
+        return DescribeResponse.model_validate(data)
+    except ValidationError as exc:
+        fields = {_where(data, e["loc"]): e["msg"] for e in exc.errors(include_url=False)}
+    field, why = next(iter(fields.items()))
+    name, _, option = field.removeprefix("workflows.").partition(".")
+    if field.startswith("workflows.") and option and not name.isdigit():  # named, not listed
+        message = f"workflow {name!r} declares an invalid {option}: {why}"
+    else:
+        message = f"the app's description has an invalid {field}: {why}"
+    raise InvalidOptions(message, fields)
+
+
+def _where(data: Any, loc: tuple[int | str, ...]) -> str:
+    """A pydantic error's place, dotted, with a workflow's name for its index in the list."""
+    parts = [str(p) for p in loc]
+    if len(loc) >= 2 and loc[0] == "workflows" and isinstance(loc[1], int):
+        listed = data.get("workflows") if isinstance(data, dict) else None
+        wf = listed[loc[1]] if isinstance(listed, list) and loc[1] < len(listed) else None
+        name = wf.get("name") if isinstance(wf, dict) else None
+        if isinstance(name, str) and _NAME.fullmatch(name):
+            parts[1] = name
+    return ".".join(parts) or "body"
 
 
 def workflows_of(described: DescribeResponse) -> list[tuple[str, dict[str, Any]]]:

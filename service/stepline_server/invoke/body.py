@@ -4,7 +4,9 @@ It is what ``stepline.protocol.dump(InvokeRequest(...))`` gives (camelCase names
 fields), without building and validating pydantic models for what the store itself wrote: it
 runs once per step sent. A result
 the store did not read (over its inline limit) goes as an ``outputRef``: the app fetches it
-when replay reads it.
+when replay reads it. An app of a protocol before published state gets no ``state`` steps:
+its SDK does not know the kind and would refuse the whole request, and its code never sets
+state, so they are not part of its replay (a rollback while a run that published is in flight).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepline.protocol import INLINE_RESULT_BYTES, PROTOCOL_VERSION
+from stepline.protocol import (
+    INLINE_RESULT_BYTES,
+    PROTOCOL_VERSION,
+    STATE_PROTOCOL_VERSION,
+    StepKind,
+)
 from stepline_server.engine.transitions import Claim
 from stepline_server.invoke.urls import CallbackSigner
 
@@ -26,11 +33,16 @@ def invoke_body(
     api_url: str,
     signer: CallbackSigner,
     history_base: uuid.UUID | None = None,
+    app_protocol: int | None = None,
 ) -> dict[str, Any]:
     """The request for ``run`` (a claimed row) with its ``steps`` (rows in recorded order):
     all of them, or with ``history_base`` only those that changed since the history invocation
     ``history_base`` was sent, as ``{"historyBase", "changes"}`` (the app lays them over the one
-    it kept; an SDK from before this form refuses it rather than take it for the whole)."""
+    it kept; an SDK from before this form refuses it rather than take it for the whole).
+    ``app_protocol``: the protocol version of what is invoked (None: the one the run's app
+    declared at its last sync); before published state, the run's ``state`` steps are left
+    out."""
+    steps = readable(steps, run.app_protocol if app_protocol is None else app_protocol)
     body: dict[str, Any] = {
         "kind": "invoke",
         "runId": str(run.id),
@@ -50,6 +62,16 @@ def invoke_body(
     if body["input"] is None:
         del body["input"]
     return body
+
+
+def readable(
+    steps: Sequence[Mapping[str, Any]], protocol: int | None
+) -> Sequence[Mapping[str, Any]]:
+    """The ``steps`` (rows) an SDK of protocol version ``protocol`` (None: it declared none,
+    version 1) reads: all of them, or all but the ``state`` steps before published state."""
+    if protocol is not None and protocol >= STATE_PROTOCOL_VERSION:
+        return steps
+    return [s for s in steps if s["kind"] != StepKind.STATE.value]
 
 
 def step_json(row: Mapping[str, Any], api_url: str, signer: CallbackSigner) -> dict[str, Any]:

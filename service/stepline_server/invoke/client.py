@@ -51,6 +51,9 @@ class CallResult:
     reason: str = ""
     retry_after: float | None = None  # seconds, from the answer's Retry-After
     sent_bytes: int = 0  # the size of the signed body POSTed
+    # An answer that speaks the protocol but is not valid for its model: its JSON, for a sync
+    # to say which of the app's fields is wrong (None otherwise).
+    invalid_answer: Any = None
 
 
 class AppCaller:
@@ -170,8 +173,19 @@ class AppCaller:
                 f"the app answered HTTP {status} with a body that is not a "
                 f"valid {model.__name__} ({wrong[:QUOTE_CHARS]})"
             )
-            return CallResult(False, status, took, reason=reason, sent_bytes=len(payload))
+            return CallResult(
+                False, status, took, reason=reason, sent_bytes=len(payload),
+                invalid_answer=_json_or_none(content),
+            )  # fmt: skip
         return CallResult(True, status, took, parsed, sent_bytes=len(payload))
+
+
+def _json_or_none(content: bytes) -> Any:
+    """``content`` decoded as JSON; None when it is not JSON."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
 
 
 NOT_THE_SDK = (

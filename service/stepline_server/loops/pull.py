@@ -57,13 +57,15 @@ class PullInvocations:
         *,
         deltas: bool = True,
         deployment: uuid.UUID | None = None,
+        protocol: int | None = None,
     ) -> list[dict[str, Any]]:
         """The invoke bodies of up to ``limit`` due runs of pull app ``app``, each now leased
         to the poll (its invocation begun); waits up to ``wait`` seconds for one to come due,
         woken by the dispatcher's wake-ups. Empty when none came, or once ``gone`` is set (the
         worker went away: a run claimed for it would wait out its lease). Without ``deltas``
         (the worker does not read them) each carries its run's whole history. Only runs on
-        ``deployment`` (the worker's; None: the app's current one)."""
+        ``deployment`` (the worker's; None: the app's current one). ``protocol``: the version
+        the worker declared (None: the app's, at its last sync)."""
         app_id: uuid.UUID = app["id"]
         give_up = time.monotonic() + wait
         gone = gone or asyncio.Event()
@@ -72,7 +74,7 @@ class PullInvocations:
         while not gone.is_set() and not self._closing.is_set():
             with self.dispatcher.pollers.watch(app_id) as woken:
                 async with self.pool.acquire() as conn:
-                    bodies = await self._claim(conn, app_id, limit, deltas, deployment)
+                    bodies = await self._claim(conn, app_id, limit, deltas, deployment, protocol)
                     if bodies:
                         return bodies
                     due_in = await pull.next_due_in(
@@ -94,6 +96,7 @@ class PullInvocations:
         limit: int,
         deltas: bool,
         deployment: uuid.UUID | None = None,
+        protocol: int | None = None,
     ) -> list[dict[str, Any]]:
         # The dispatcher's lease: no takeovers for a lease after the database was away (a
         # worker's beats could not land either).
@@ -146,6 +149,7 @@ class PullInvocations:
                     api_url=self.settings.base_url,
                     signer=self.dispatcher.signer,
                     history_base=run.history_base,
+                    app_protocol=protocol,
                 )
             )
         log.info("pull_claimed", app_id=str(app_id), runs=len(bodies))
