@@ -201,4 +201,6 @@ async def answered_with(
 ) -> None:
     """Record that the app answered an invocation of ``run_id`` as ``deployment_id``: only its
     current deployment's answer is what its next invocations expect."""
-    await conn.execute(Q["app_answered_with"], app_id, deployment_id, run_id)
+    async with conn.transaction():
+        if not await conn.fetchval(Q["run_on_former_deployment"], run_id):
+            await conn.execute(Q["app_answered_with"], app_id, deployment_id)
