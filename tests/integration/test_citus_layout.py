@@ -10,7 +10,8 @@ import uuid
 import asyncpg
 import pytest
 
-from stepline_server.store import citus, migrate
+from stepline_server.engine import ids
+from stepline_server.store import apps, citus, db, keys, migrate, runs
 from tests.citus.statements import probe
 
 ON_CITUS = bool(os.environ.get("STEPLINE_TEST_CITUS"))
@@ -115,3 +116,36 @@ async def test_citus_refuses_no_statement_beyond_the_known_ones(database_url: st
     assert names - KNOWN_REFUSED == set(), refused
     assert len(ran) > 100
 
+
+async def test_a_run_key_names_one_run_by_its_id(database_url: str) -> None:
+    """A keyed run's id is its key's (``ids.run_key_id``): a second insert with the key makes
+    nothing, on plain PostgreSQL (the primary key, and the unique index on the key) and on
+    Citus (the primary key alone: the index is not unique there); another environment's run
+    of the same key is another run."""
+    conn = await db.connect(database_url)
+    try:
+        made = {}
+        project = await keys.create_project(conn, "keyed")
+        assert project is not None
+        for name in ("production", "staging"):
+            env = await keys.find_environment(conn, project["id"], name)
+            assert env is not None
+            app = await apps.create(conn, env["id"], "app", "http://127.0.0.1:9/")
+            assert app is not None
+            await apps.record_sync(conn, app, [("keyed", {})], None)
+            new = runs.NewRun(ids.run_key_id(env["id"], "k-1"), env["id"], "keyed", {"n": 1},
+                              run_key="k-1")  # fmt: skip
+            first = await runs.insert(conn, new, notify=False)
+            assert first is not None and first["id"] == new.id
+            assert await runs.insert(conn, new, notify=False) is None
+            found = await runs.by_key(conn, env["id"], "k-1")
+            assert found is not None and found["id"] == new.id
+            made[name] = new.id
+        assert made["production"] != made["staging"]
+        unique = await conn.fetchval(
+            "SELECT indexdef LIKE 'CREATE UNIQUE INDEX%' FROM pg_indexes "
+            "WHERE indexname = 'runs_run_key'"
+        )
+        assert unique is (not ON_CITUS)
+    finally:
+        await conn.close()
