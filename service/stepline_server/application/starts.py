@@ -107,6 +107,16 @@ async def _debounce(o: Orchestrator, conn: Conn, spec: gathering.Spec, new: runs
     return Started(answer | {"debounced": True}, False)
 
 
+async def _keyed(conn: Conn, new: runs.NewRun) -> Record | None:
+    """The run ``new``'s key names: read by its id (the key's, one shard on Citus), else by
+    the key (a run keyed before ids were derived from keys has another id)."""
+    assert new.run_key is not None
+    found = await runs.get(conn, new.project_id, new.id)
+    if found is not None and found["run_key"] == new.run_key:
+        return found
+    return await runs.by_key(conn, new.project_id, new.run_key)
+
+
 def _same_start(existing: Record, new: runs.NewRun) -> bool:
     """Whether ``existing`` (the run ``new``'s key names) was started as ``new`` is: the same
     workflow and input (a run continued as new is named by the input it was started with)."""
@@ -124,7 +134,7 @@ async def _create(conn: Conn, wf: Record, new: runs.NewRun, *, notify: bool) -> 
         if row is not None:
             return row, True
         if new.run_key is not None:
-            existing = await runs.by_key(conn, new.project_id, new.run_key)
+            existing = await _keyed(conn, new)
             if existing is not None:
                 if _same_start(existing, new):
                     return existing, False
