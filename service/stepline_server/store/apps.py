@@ -125,6 +125,7 @@ async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
     order first. A run of another app waiting for a child run of this one has that invoke step
     failed (``child_deleted``) and wakes: it never waits for a child that is gone."""
     async with conn.transaction():
+        await conn.execute(Q["citus_sequential_writes"])
         await conn.execute(Q["lock_app_runs"], project_id, app_id)
         error = {
             "type": "ChildWorkflowFailed",
