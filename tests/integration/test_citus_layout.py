@@ -10,7 +10,20 @@ import uuid
 import asyncpg
 import pytest
 
-from stepline_server.store import citus, migrate
+from stepline_server.engine import bulk, ids
+from stepline_server.store import (
+    alerts,
+    apps,
+    citus,
+    db,
+    deployments,
+    keys,
+    migrate,
+    operations,
+    orchestrators,
+    runs,
+)
+from stepline_server.store.db import Q
 from tests.citus.statements import probe
 
 ON_CITUS = bool(os.environ.get("STEPLINE_TEST_CITUS"))
@@ -19,53 +32,31 @@ ON_CITUS = bool(os.environ.get("STEPLINE_TEST_CITUS"))
 # by cause). A statement made acceptable leaves this list; a new one may not join it.
 KNOWN_REFUSED = frozenset(
     [
-        "app_answered_with",
         "begin_invocations",
-        "buffered_tick_due",
         "claim_capped",
         "claim_due",
-        "claim_operation",
         "claim_pull",
         "claim_rate_limited",
-        "complete_callback",
         "delete_old_events",
         "delete_old_history",
         "delete_old_runs",
         "delete_old_ticks",
         "end_runs",
-        "fail_orphaned_parents",
-        "fill_operation",
-        "fire_due_gatherings",
-        "fire_gathering",
+        "fire_gatherings",
         "heartbeat",
-        "insert_test_notification",
-        "invocation_steps",
-        "invoke_failed",
         "lease_now",
-        "list_deployments",
-        "lock_app_runs",
         "lost_pull_leases",
-        "match_event",
         "move_deployment_runs",
         "next_pull_due_in",
         "open_gathering",
-        "operation_runs_ahead",
-        "orchestrator_seen",
         "pause_app",
         "pause_workflow",
         "progress",
         "pull_lease",
-        "record_attempt",
-        "record_operation_runs",
         "release_held",
         "repair_stuck_runs",
         "restart_run",
-        "run_steps",
-        "singleton_holder",
-        "state_record",
         "suspend_runs",
-        "upsert_workflow",
-        "wake",
     ]
 )
 
@@ -136,3 +127,122 @@ async def test_citus_refuses_no_statement_beyond_the_known_ones(database_url: st
     names = {name for names in refused.values() for name in names}
     assert names - KNOWN_REFUSED == set(), refused
     assert len(ran) > 100
+
+
+async def test_a_run_key_names_one_run_by_its_id(database_url: str) -> None:
+    """A keyed run's id is its key's (``ids.run_key_id``): a second insert with the key makes
+    nothing, on plain PostgreSQL (the primary key, and the unique index on the key) and on
+    Citus (the primary key alone: the index is not unique there); another environment's run
+    of the same key is another run."""
+    conn = await db.connect(database_url)
+    try:
+        made = {}
+        project = await keys.create_project(conn, "keyed")
+        assert project is not None
+        for name in ("production", "staging"):
+            env = await keys.find_environment(conn, project["id"], name)
+            assert env is not None
+            app = await apps.create(conn, env["id"], "app", "http://127.0.0.1:9/")
+            assert app is not None
+            await apps.record_sync(conn, app, [("keyed", {})], None)
+            new = runs.NewRun(ids.run_key_id(env["id"], "k-1"), env["id"], "keyed", {"n": 1},
+                              run_key="k-1")  # fmt: skip
+            first = await runs.insert(conn, new, notify=False)
+            assert first is not None and first["id"] == new.id
+            assert await runs.insert(conn, new, notify=False) is None
+            found = await runs.by_key(conn, env["id"], "k-1")
+            assert found is not None and found["id"] == new.id
+            made[name] = new.id
+        assert made["production"] != made["staging"]
+        unique = await conn.fetchval(
+            "SELECT indexdef LIKE 'CREATE UNIQUE INDEX%' FROM pg_indexes "
+            "WHERE indexname = 'runs_run_key'"
+        )
+        assert unique is (not ON_CITUS)
+    finally:
+        await conn.close()
+
+
+async def test_statements_reshaped_for_citus_run_on_rows(database_url: str) -> None:
+    """The statements reshaped for Citus (docs/scaling.md, "Made acceptable") answer what
+    they answered, with rows to read: on plain PostgreSQL and on Citus (the probe runs each
+    once on empty tables, where Citus may choose another plan)."""
+    conn = await db.connect(database_url)
+    try:
+        project = await keys.create_project(conn, "rows")
+        assert project is not None
+        env = await keys.find_environment(conn, project["id"], "production")
+        assert env is not None
+        env_id = env["id"]
+        app = await apps.create(conn, env_id, "app", "http://127.0.0.1:9/")
+        assert app is not None
+        await apps.record_sync(conn, app, [("w", {"singletonKey": "k"})], None)
+        await apps.record_sync(conn, app, [("w", {"singletonKey": "k"})], "d-1")  # upsert again
+        await orchestrators.seen(conn, "o-1", 1.0)
+        await orchestrators.seen(conn, "o-1", 2.0)
+
+        # singleton_holder: the run not ended that holds an ended run's singleton key.
+        ended = runs.NewRun(ids.new_id(), env_id, "w", {"k": "a"})
+        assert await runs.insert(conn, ended, notify=False) is not None
+        await conn.execute(
+            "UPDATE runs SET status = 'completed', ended_at = now(), ready_at = NULL WHERE id = $1",
+            ended.id,
+        )
+        active = runs.NewRun(ids.new_id(), env_id, "w", {"k": "a"})
+        assert await runs.insert(conn, active, notify=False) is not None
+        assert await conn.fetchval(Q["singleton_holder"], ended.id) == active.id
+        assert await conn.fetchval(Q["singleton_holder"], active.id) is None
+        assert await runs.steps(conn, active.id) == []
+
+        # list_deployments: the current deployment counts the run not ended on it.
+        listed = await deployments.listed(conn, app["id"])
+        assert [(r["current"], r["running_runs"]) for r in listed] == [(True, 1)]
+        # app_answered_with: the run is on the current deployment, so the app expects d-2.
+        await apps.answered_with(conn, app["id"], "d-2", active.id)
+        assert await conn.fetchval("SELECT deployment_id FROM apps WHERE id = $1", app["id"]) == (
+            "d-2"
+        )
+
+        # A bulk operation over both runs: filled, claimed, a batch recorded, completed.
+        op_id = uuid.uuid4()
+        selection = bulk.Selection(statuses=("running", "completed"), workflow="w")
+        op = await operations.create(conn, op_id, env_id, "cancel", {}, selection, None)
+        assert (op["matched"], op["status"]) == (2, "running")
+        async with conn.transaction():
+            claimed = await operations.claim(conn)
+            assert claimed is not None and claimed["id"] == op_id
+            items = await operations.claim_runs(conn, op_id, 10)
+            assert [i.run_id for i in items] == [ended.id, active.id]
+            done = [operations.Done(items[0].position, "skipped"),
+                    operations.Done(items[1].position, "succeeded")]  # fmt: skip
+            op = await operations.record(conn, op_id, done)
+        assert (op["succeeded"], op["skipped"], op["status"]) == (1, 1, "completed")
+        assert op["ended_at"] is not None
+        ahead = await operations.ahead(conn, op_id, 10)
+        assert (ahead.waiting, ahead.invoking) == (1, 0)  # the active run, due, not leased
+        empty = await operations.create(
+            conn, uuid.uuid4(), env_id, "cancel", {}, bulk.Selection(statuses=()), None
+        )
+        assert (empty["matched"], empty["status"]) == (0, "completed")
+
+        # The alerts outbox: a test notification, claimed, its attempt recorded.
+        alert = await alerts.create(
+            conn, env_id, "a", ["run.failed"], None, "webhook", "http://127.0.0.1:9/"
+        )
+        note = await alerts.record_test(conn, env_id, alert["id"])
+        assert note is not None
+        lease = uuid.uuid4()
+        assert [r["id"] for r in await alerts.claim(conn, 10, lease, 30.0)] == [note["id"]]
+        assert await alerts.record_attempt(conn, note["id"], lease, "pending", 500, "x", 60.0)
+        row = await conn.fetchrow(
+            "SELECT attempts, delivered_at, next_attempt_at > now() + interval '50 seconds' "
+            "AS later FROM alert_notifications WHERE id = $1",
+            note["id"],
+        )
+        assert (row["attempts"], row["delivered_at"], row["later"]) == (1, None, True)
+
+        # Deleting the app locks its runs (lock_runs_in_order) and deletes them.
+        await apps.delete(conn, env_id, app["id"])
+        assert await conn.fetchval("SELECT count(*) FROM runs WHERE project_id = $1", env_id) == 0
+    finally:
+        await conn.close()

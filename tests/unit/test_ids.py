@@ -1,5 +1,5 @@
-"""Time-ordered ids: UUIDv7 for new rows, derived UUIDv8 that keep their source's time, and the
-old UUIDv5 derivation for sources made before."""
+"""Time-ordered ids: UUIDv7 for new rows, derived UUIDv8 that keep their source's time, the
+old UUIDv5 derivation for sources made before, and the ids run keys name."""
 
 from __future__ import annotations
 
@@ -49,3 +49,13 @@ def test_an_id_derived_from_an_instant_orders_by_it() -> None:
     a = ids.derived_id(at, "tick", _NS)
     assert a == ids.derived_id(at, "tick", _NS)
     assert ids.time_prefix(a) == int(at.timestamp() * 1000)
+
+
+def test_a_run_key_names_one_id_per_environment() -> None:
+    """The id of a keyed run is the key's in its environment: the same on every call, another
+    for another key or environment, a UUIDv5 (not time-ordered)."""
+    env, other = uuid.uuid4(), uuid.uuid4()
+    one = ids.run_key_id(env, "order-1")
+    assert one == ids.run_key_id(env, "order-1")
+    assert one.version == 5 and not ids.is_time_ordered(one)
+    assert len({one, ids.run_key_id(env, "order-2"), ids.run_key_id(other, "order-1")}) == 3

@@ -48,7 +48,8 @@ async def start_run(request: Request) -> Response:
     body = await read_model(request, RunStart)
     o = orch(request)
     new = runs.NewRun(
-        id=ids.new_id(),
+        # A keyed run's id is its key's (ids.run_key_id): a second start finds the first.
+        id=ids.run_key_id(pid, body.run_key) if body.run_key is not None else ids.new_id(),
         project_id=pid,
         workflow=body.workflow,
         input=body.input,

@@ -45,7 +45,9 @@ async def start_run(o: Orchestrator, new: runs.NewRun, *, again: bool = False) -
     with at_once.taking(o) as now:
         async with o.pool.acquire() as conn, conn.transaction():
             kept = await runs.get(conn, new.project_id, new.id) if again else None
-            if kept is not None:
+            # (A keyed run's id is its key's: the run kept may be another start's of the same
+            # key, this one's answer when it started the same, none of this one's otherwise.)
+            if kept is not None and (new.run_key is None or _same_start(kept, new)):
                 o.metrics.run_started(new.workflow, "api")
                 answer = await reads.run_json(conn, kept, callback_url=reads.callback_url(o))
                 return Started(answer, True)
@@ -65,8 +67,8 @@ async def start_run(o: Orchestrator, new: runs.NewRun, *, again: bool = False) -
             spec = gathering.spec_of(wf["options"])
             if spec is not None and spec.kind == gathering.DEBOUNCE:
                 return await _debounce(o, conn, spec, new)
-            row = await _create(conn, wf, new, notify=now.notify)
-            if row["id"] != new.id:  # the run its key or singleton key names, read as GET does
+            row, created = await _create(conn, wf, new, notify=now.notify)
+            if not created:  # the run its key or singleton key names, read as GET does
                 found = await runs.get(conn, new.project_id, row["id"])
                 if found is None:  # deleted in between (its app, or retention)
                     raise Refused("internal", "the run could not be created; try again")
@@ -105,22 +107,37 @@ async def _debounce(o: Orchestrator, conn: Conn, spec: gathering.Spec, new: runs
     return Started(answer | {"debounced": True}, False)
 
 
-async def _create(conn: Conn, wf: Record, new: runs.NewRun, *, notify: bool) -> Record:
-    """The run created, or the existing run its key names when that has the same workflow and
-    input, or the active run of its singleton key; ``run_key_conflict`` when the key names
-    another run."""
+async def _keyed(conn: Conn, new: runs.NewRun) -> Record | None:
+    """The run ``new``'s key names: read by its id (the key's, one shard on Citus), else by
+    the key (a run keyed before ids were derived from keys has another id)."""
+    assert new.run_key is not None
+    found = await runs.get(conn, new.project_id, new.id)
+    if found is not None and found["run_key"] == new.run_key:
+        return found
+    return await runs.by_key(conn, new.project_id, new.run_key)
+
+
+def _same_start(existing: Record, new: runs.NewRun) -> bool:
+    """Whether ``existing`` (the run ``new``'s key names) was started as ``new`` is: the same
+    workflow and input (a run continued as new is named by the input it was started with)."""
+    first = existing["first_input"]
+    started_with = existing["input"] if first is None else first
+    return bool(existing["workflow"] == new.workflow and started_with == new.input)
+
+
+async def _create(conn: Conn, wf: Record, new: runs.NewRun, *, notify: bool) -> tuple[Record, bool]:
+    """The run created (and True), or (and False) the existing run its key names when that has
+    the same workflow and input (its id is ``new``'s: both are the key's), or the active run of
+    its singleton key; ``run_key_conflict`` when the key names another run."""
     for _ in range(3):
         row = await runs.insert(conn, new, notify=notify)
         if row is not None:
-            return row
+            return row, True
         if new.run_key is not None:
-            existing = await runs.by_key(conn, new.project_id, new.run_key)
+            existing = await _keyed(conn, new)
             if existing is not None:
-                # A run continued as new is named by the input it was started with.
-                first = existing["first_input"]
-                started_with = existing["input"] if first is None else first
-                if existing["workflow"] == new.workflow and started_with == new.input:
-                    return existing
+                if _same_start(existing, new):
+                    return existing, False
                 raise Refused(
                     "run_key_conflict",
                     f"run key {new.run_key!r} belongs to run {existing['id']} with a different"
@@ -133,6 +150,6 @@ async def _create(conn: Conn, wf: Record, new: runs.NewRun, *, notify: bool) -> 
                 conn, new.project_id, new.workflow, new.input, field
             )
             if active is not None:
-                return active
+                return active, False
         # What stood in the way ended or went away in between: try again.
     raise Refused("internal", "the run could not be created; try again")

@@ -8,6 +8,11 @@ instead of on random pages of indexes that hold millions of entries.
   source id (or instant) it is derived from, the rest a SHA-256 of the name (UUIDv8). Sources
   that are not time-ordered (ids made before this scheme) keep their old UUIDv5 derivation, so
   a replay of an older run derives the ids it derived before.
+- :func:`run_key_id`: the id of the run a ``runKey`` names, ``uuid5`` of the environment and
+  the key: one key, one id, so the primary key on ``runs.id`` alone keeps one run per key in
+  an environment (what Citus needs: its unique indexes must include the distribution column,
+  the run id; ``docs/scaling.md``). Not time-ordered: a keyed run's rows land where their id
+  hashes, as an event's with a sender's id do.
 """
 
 from __future__ import annotations
@@ -18,15 +23,22 @@ import time
 import uuid
 from datetime import datetime
 
-__all__ = ["derived_id", "is_time_ordered", "new_id", "time_prefix"]
+__all__ = ["derived_id", "is_time_ordered", "new_id", "run_key_id", "time_prefix"]
 
 _TIME_ORDERED = frozenset({7, 8})
+_RUN_KEY_NS = uuid.UUID("9c3e2f6a-5d41-4b8e-a7c0-3f2d8e6b1a57")
 
 
 def new_id(now_ms: int | None = None) -> uuid.UUID:
     """A new UUIDv7 stamped with ``now_ms`` (Unix milliseconds; the clock when omitted)."""
     ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     return _with_prefix(ms, 7, os.urandom(10))
+
+
+def run_key_id(environment_id: uuid.UUID, run_key: str) -> uuid.UUID:
+    """The id of environment ``environment_id``'s run named by ``run_key`` (a UUIDv5): the
+    same on every call, another in another environment."""
+    return uuid.uuid5(_RUN_KEY_NS, f"run-key:{environment_id}:{run_key}")
 
 
 def time_prefix(source: uuid.UUID | datetime) -> int:

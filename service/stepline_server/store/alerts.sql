@@ -39,8 +39,13 @@ DELETE FROM alerts WHERE project_id = $1 AND id = $2 RETURNING id;
 
 -- name: insert_test_notification
 -- An alert.test notification of alert $2 (environment $1), due now; none if no such alert.
+-- (The alert is read in a CTE of its own: Citus 13.2 cannot deparse the INSERT ... SELECT of
+-- one reference table into another.)
+WITH a AS MATERIALIZED (
+    SELECT a.project_id, a.id FROM alerts a WHERE a.project_id = $1 AND a.id = $2
+)
 INSERT INTO alert_notifications (id, project_id, alert_id, type)
-SELECT $3, a.project_id, a.id, 'alert.test' FROM alerts a WHERE a.project_id = $1 AND a.id = $2
+SELECT $3, a.project_id, a.id, 'alert.test' FROM a
 RETURNING *;
 
 -- name: record_run_stuck
@@ -132,14 +137,14 @@ LEFT JOIN apps ap ON ap.id = r.app_id;
 -- name: record_attempt
 -- One attempt at notification $1 under lease $2 ended: it is now $3 (delivered, pending or
 -- failed) with the answer's HTTP status $4 and the error $5; a pending one is due again in
--- $6 seconds. Nothing happens when the lease was taken by another attempt since.
+-- $6 seconds. Nothing happens when the lease was taken by another attempt since. (The times
+-- are computed once, in t: Citus takes no now() in a CASE of an UPDATE.)
 UPDATE alert_notifications SET
     attempts = attempts + 1, status = $3, last_http_status = $4, last_error = $5,
     lease_token = NULL,
-    delivered_at = CASE WHEN $3 = 'delivered' THEN now() END,
-    next_attempt_at = CASE WHEN $3 = 'pending'
-                           THEN now() + make_interval(secs => $6::double precision)
-                           ELSE next_attempt_at END
+    delivered_at = CASE WHEN $3 = 'delivered' THEN t.now END,
+    next_attempt_at = CASE WHEN $3 = 'pending' THEN t.due ELSE next_attempt_at END
+FROM (SELECT now() AS now, now() + make_interval(secs => $6::double precision) AS due) AS t
 WHERE id = $1 AND lease_token = $2 AND status = 'pending'
 RETURNING attempts;
 

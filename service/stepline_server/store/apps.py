@@ -125,6 +125,7 @@ async def delete(conn: Conn, project_id: uuid.UUID, app_id: uuid.UUID) -> None:
     order first. A run of another app waiting for a child run of this one has that invoke step
     failed (``child_deleted``) and wakes: it never waits for a child that is gone."""
     async with conn.transaction():
+        await conn.execute(Q["citus_sequential_writes"])
         await conn.execute(Q["lock_app_runs"], project_id, app_id)
         error = {
             "type": "ChildWorkflowFailed",
@@ -201,4 +202,6 @@ async def answered_with(
 ) -> None:
     """Record that the app answered an invocation of ``run_id`` as ``deployment_id``: only its
     current deployment's answer is what its next invocations expect."""
-    await conn.execute(Q["app_answered_with"], app_id, deployment_id, run_id)
+    async with conn.transaction():
+        if not await conn.fetchval(Q["run_on_former_deployment"], run_id):
+            await conn.execute(Q["app_answered_with"], app_id, deployment_id)

@@ -51,23 +51,32 @@ SELECT * FROM a;
 -- invocation's end holding some of them. FOR NO KEY UPDATE, as an UPDATE locks: a transaction
 -- updating a child run a second time checks its parent key, which locks the parent for share,
 -- and a stronger lock on the parent, held while waiting for that child, would deadlock with it.
--- (The cascade still takes each run for the delete when it reaches it.)
-SELECT id FROM runs
-WHERE (app_id = $2 AND project_id = $1)
-   OR id IN (SELECT c.parent_run_id FROM runs c
-             WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL)
-ORDER BY id FOR NO KEY UPDATE;
+-- (The cascade still takes each run for the delete when it reaches it.) The ids are read
+-- first, then locked one by one by lock_runs_in_order: Citus locks rows only by a statement
+-- on one shard.
+SELECT lock_runs_in_order(ARRAY(
+    SELECT id FROM runs WHERE app_id = $2 AND project_id = $1
+    UNION
+    SELECT c.parent_run_id FROM runs c
+    WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL
+    ORDER BY 1
+));
 
 -- name: fail_orphaned_parents
 -- Before app $2 of project $1 is deleted: every run of another app waiting on an invoke step
 -- for a child run of this app gets that step failed (child_deleted, $3 the error): no parent
--- waits forever for a child that no longer exists. Answers the parents and their steps.
+-- waits forever for a child that no longer exists. Answers the parents and their steps. (The
+-- children are read first, c; each parent's step is then joined by its run: on Citus a child
+-- and its parent are on different shards.)
+WITH c AS MATERIALIZED (
+    SELECT c.id, c.parent_run_id, c.parent_step FROM runs c
+    WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL
+)
 UPDATE steps s SET status = 'failed', error = $3::jsonb, ended_at = now()
-FROM runs c
-WHERE c.app_id = $2 AND c.project_id = $1 AND c.parent_run_id IS NOT NULL
-  AND s.run_id = c.parent_run_id AND s.name = c.parent_step
+FROM c, runs p
+WHERE s.run_id = c.parent_run_id AND s.name = c.parent_step
+  AND p.id = s.run_id AND p.app_id <> $2
   AND s.kind = 'invoke' AND s.status = 'waiting'
-  AND s.run_id NOT IN (SELECT id FROM runs WHERE app_id = $2)
 RETURNING s.run_id, s.name, c.id AS child_id;
 
 -- name: delete_app
@@ -86,7 +95,7 @@ WHERE id = $1 RETURNING *;
 INSERT INTO workflows (project_id, name, app_id, options, synced_at, version)
 VALUES ($1, $2, $3, $4, now(), coalesce($5::integer, 1))
 ON CONFLICT (project_id, name)
-DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = now(),
+DO UPDATE SET app_id = excluded.app_id, options = excluded.options, synced_at = excluded.synced_at,
               version = coalesce($5::integer, workflows.version)
 WHERE workflows.app_id = excluded.app_id OR $6::boolean
 RETURNING name;

@@ -1,5 +1,6 @@
 -- Laying the schema out on a Citus cluster (citus.py): what the layout step reads and calls.
--- Only citus_present runs on plain PostgreSQL; the others name Citus's catalogs and functions.
+-- Only citus_present and citus_sequential_writes run on plain PostgreSQL; the others name
+-- Citus's catalogs and functions.
 
 -- name: citus_present
 -- Whether the citus extension is installed in this database.
@@ -9,6 +10,13 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 -- A pooled session on a Citus coordinator plans each statement for its values (the store's
 -- sessions force generic plans elsewhere: db.SESSION_SETTINGS).
 SET plan_cache_mode = force_custom_plan;
+
+-- name: citus_sequential_writes
+-- This transaction's statements that write many shards do it one shard after another, over
+-- one connection per worker: Citus then lets the transaction write a reference table after
+-- them (deleting an app, after its children's parents' steps were failed), which it refuses
+-- after a parallel write. On plain PostgreSQL it sets a placeholder setting nothing reads.
+SELECT set_config('citus.multi_shard_modify_mode', 'sequential', true);
 
 -- name: citus_tables_laid_out
 -- The tables Citus already knows (distributed, reference or coordinator-local), by name.

@@ -1,25 +1,36 @@
 -- An app's deployments: the one the orchestrator expects (the one it last answered or synced
 -- with), the others it keeps for the runs started on them, and moving runs between them.
 
+-- name: run_on_former_deployment
+-- Whether run $1 is on a deployment that is no longer its app's current one.
+SELECT EXISTS (SELECT 1 FROM runs r JOIN deployments d ON d.id = r.deployment
+               WHERE r.id = $1 AND NOT d.current);
+
 -- name: app_answered_with
--- An invocation of run $3 was answered by deployment $2 of app $1: when the run is on the
--- app's current deployment (or on none), the app's next invocations expect it (their
--- invocation.started events carry it), as a sync would have recorded it.
+-- An invocation of a run on app $1's current deployment (or on none: run_on_former_deployment
+-- says) was answered by deployment $2: the app's next invocations expect it (their
+-- invocation.started events carry it), as a sync would have recorded it. (Two statements:
+-- Citus writes a reference table only in a statement that reads no distributed one.)
 UPDATE apps a SET deployment_id = $2
-WHERE a.id = $1 AND a.deployment_id IS DISTINCT FROM $2
-  AND NOT EXISTS (SELECT 1 FROM runs r JOIN deployments d ON d.id = r.deployment
-                  WHERE r.id = $3 AND NOT d.current);
+WHERE a.id = $1 AND a.deployment_id IS DISTINCT FROM $2;
 
 -- name: list_deployments
 -- The deployments of app $1, newest first, each with how many runs not ended are on it (the
 -- current one also counts those on no deployment) and the id it goes by.
+-- (The runs are counted by deployment once, then joined: Citus takes no subquery over the
+-- runs correlated with a reference table's rows.)
+WITH c AS (
+    SELECT r.deployment, count(*) AS n FROM runs r
+    WHERE r.app_id = $1 AND r.status IN ('running', 'cancelling')
+    GROUP BY r.deployment
+)
 SELECT d.id, d.app_id, d.url, d.current, d.created_at,
        coalesce(d.deployment_id, CASE WHEN d.current THEN a.deployment_id END) AS deployment_id,
-       (SELECT count(*) FROM runs r
-        WHERE r.app_id = d.app_id AND r.status IN ('running', 'cancelling')
-          AND (r.deployment = d.id OR (d.current AND r.deployment IS NULL))) AS running_runs
+       coalesce(sum(c.n), 0)::bigint AS running_runs
 FROM deployments d JOIN apps a ON a.id = d.app_id
+LEFT JOIN c ON c.deployment = d.id OR (d.current AND c.deployment IS NULL)
 WHERE d.app_id = $1
+GROUP BY d.id, a.deployment_id
 ORDER BY d.created_at DESC, d.id DESC;
 
 -- name: get_deployment

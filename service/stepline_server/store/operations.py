@@ -57,9 +57,10 @@ async def create(
         await conn.fetchrow(
             Q["insert_operation"], operation_id, project_id, action, filter, s.from_step, deployment
         )
-        return await conn.fetchrow(
+        matched = await conn.fetchval(
             Q["fill_operation"], operation_id, *_filter_args(s, app_id), project_id, _on(s)
         )
+        return await conn.fetchrow(Q["operation_filled"], operation_id, matched)
 
 
 async def get(conn: Conn, project_id: uuid.UUID, operation_id: uuid.UUID) -> Record | None:
@@ -130,7 +131,17 @@ async def record(conn: Conn, operation_id: uuid.UUID, done: list[Done]) -> Recor
     In the batch's transaction."""
     left = await conn.fetchval(Q["operation_runs_left"], operation_id, [d.position for d in done])
     items = [{"position": d.position, "outcome": d.outcome, "error": d.error} for d in done]
-    return await conn.fetchrow(Q["record_operation_runs"], operation_id, items, bool(left))
+    n = await conn.fetchrow(Q["record_operation_runs"], operation_id, items)
+    row = await conn.fetchrow(
+        Q["count_operation_runs"],
+        operation_id,
+        n["succeeded"],
+        n["failed"],
+        n["skipped"],
+        bool(left),
+    )
+    assert row is not None
+    return row
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,9 @@ RETURNING *;
 
 -- name: fill_operation
 -- The set of an operation's runs is fixed here, once: the runs match_runs' filter ($2–$12 and
--- $14, as there; $13 the project) matches now, oldest first, numbered from 1. The operation counts
--- them, and with none it is completed at once.
+-- $14, as there; $13 the project) matches now, oldest first, numbered from 1; answers how many
+-- (operation_filled records it on the operation: Citus writes the operations, a reference
+-- table, only in a statement that reads no distributed table).
 WITH m AS (
     SELECT r.id, row_number() OVER (ORDER BY r.created_at, r.id) AS position FROM runs r
     WHERE r.project_id = $13
@@ -70,12 +71,18 @@ WITH m AS (
     INSERT INTO operation_runs (operation_id, position, run_id)
     SELECT $1, m.position, m.id FROM m
     RETURNING 1
-), n AS (SELECT count(*)::integer AS n FROM ins)
+)
+SELECT count(*)::integer FROM ins;
+
+-- name: operation_filled
+-- Operation $1 has $2 runs (fill_operation listed them): it counts them, and with none it is
+-- completed at once. (The time is computed once, in t: Citus takes no now() in a CASE of an
+-- UPDATE.)
 UPDATE operations o
-SET matched = n.n,
-    status = CASE WHEN n.n = 0 THEN 'completed' ELSE 'running' END,
-    ended_at = CASE WHEN n.n = 0 THEN now() END
-FROM n
+SET matched = $2::integer,
+    status = CASE WHEN $2::integer = 0 THEN 'completed' ELSE 'running' END,
+    ended_at = CASE WHEN $2::integer = 0 THEN t.now END
+FROM (SELECT now() AS now) AS t
 WHERE o.id = $1
 RETURNING o.*;
 
@@ -112,21 +119,20 @@ RETURNING *;
 -- claimed longest ago first, one with none claimed yet before any), and so do the operations
 -- of an environment, so a big operation never holds up another environment's. Its row stays
 -- locked for the batch, so one batch of an operation is worked at a time and a cancel request
--- waits for it; its turn is taken even when the batch then waits for room.
-WITH env AS (
-    SELECT project_id, max(turn_at) AS turn_at FROM operations
-    WHERE status = 'running'
-    GROUP BY project_id
-), next AS (
-    SELECT o.id FROM operations o JOIN env ON env.project_id = o.project_id
-    WHERE o.status = 'running'
-    ORDER BY env.turn_at NULLS FIRST, o.turn_at NULLS FIRST, o.created_at, o.id
-    LIMIT 1
-    FOR UPDATE OF o SKIP LOCKED
-)
+-- waits for it; its turn is taken even when the batch then waits for room. (The next one is a
+-- subquery of the UPDATE, not a CTE joined to it: Citus 13.2 reads such a CTE's result of a
+-- reference table wrongly, "invalid input syntax for type uuid: PGCOPY".)
 UPDATE operations o SET turn_at = now()
-FROM next
-WHERE o.id = next.id
+WHERE o.id = (
+    SELECT n.id FROM operations n
+    JOIN (SELECT project_id, max(turn_at) AS turn_at FROM operations
+          WHERE status = 'running'
+          GROUP BY project_id) AS env ON env.project_id = n.project_id
+    WHERE n.status = 'running'
+    ORDER BY env.turn_at NULLS FIRST, n.turn_at NULLS FIRST, n.created_at, n.id
+    LIMIT 1
+    FOR UPDATE OF n SKIP LOCKED
+)
 RETURNING o.*;
 
 -- name: claim_operation_runs
@@ -143,9 +149,9 @@ FOR UPDATE SKIP LOCKED;
 SELECT status::text FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: record_operation_runs
--- What became of a batch's runs ($2: jsonb [{position, outcome, error}]) of operation $1, and
--- the operation's counters, in the transaction that acted on them. Completed when no run is
--- left ($3: runs still pending after this batch).
+-- What became of a batch's runs ($2: jsonb [{position, outcome, error}]) of operation $1, in
+-- the transaction that acted on them: how many of them succeeded, failed and were skipped
+-- (count_operation_runs adds them to the operation's counters).
 WITH x AS (
     SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(position integer, outcome text, error jsonb)
 ), u AS (
@@ -153,17 +159,24 @@ WITH x AS (
     FROM x
     WHERE r.operation_id = $1 AND r.position = x.position AND r.outcome IS NULL
     RETURNING r.outcome
-), c AS (
-    SELECT count(*) FILTER (WHERE outcome = 'succeeded')::integer AS s,
-           count(*) FILTER (WHERE outcome = 'failed')::integer AS f,
-           count(*) FILTER (WHERE outcome = 'skipped')::integer AS k
-    FROM u
 )
+SELECT count(*) FILTER (WHERE outcome = 'succeeded')::integer AS succeeded,
+       count(*) FILTER (WHERE outcome = 'failed')::integer AS failed,
+       count(*) FILTER (WHERE outcome = 'skipped')::integer AS skipped
+FROM u;
+
+-- name: count_operation_runs
+-- Operation $1's counters after a batch: $2 more runs succeeded, $3 failed, $4 were skipped.
+-- Completed when no run is left ($5: runs still pending after this batch). (Apart from
+-- record_operation_runs: Citus writes the operations, a reference table, only in a statement
+-- that reads no distributed table; the time is computed once, in t, as Citus takes no now()
+-- in a CASE of an UPDATE.)
 UPDATE operations o
-SET succeeded = o.succeeded + c.s, failed = o.failed + c.f, skipped = o.skipped + c.k,
-    status = CASE WHEN $3::boolean THEN o.status ELSE 'completed' END,
-    ended_at = CASE WHEN $3::boolean THEN o.ended_at ELSE now() END
-FROM c
+SET succeeded = o.succeeded + $2::integer, failed = o.failed + $3::integer,
+    skipped = o.skipped + $4::integer,
+    status = CASE WHEN $5::boolean THEN o.status ELSE 'completed' END,
+    ended_at = CASE WHEN $5::boolean THEN o.ended_at ELSE t.now END
+FROM (SELECT now() AS now) AS t
 WHERE o.id = $1
 RETURNING o.*;
 
@@ -179,15 +192,19 @@ SELECT EXISTS (
 -- positions done; an operation acts on its runs in order): how many are due and not yet taken
 -- by an invocation (waiting), and how many are being invoked (invoking). Ended and sleeping
 -- runs count in neither. rules.bulk.batch_room decides from these whether the next batch goes.
+-- (The runs are read by id from the operation's list: on Citus the list is on the operation's
+-- shard, the runs on theirs.)
 SELECT count(*) FILTER (WHERE r.lease_token IS NULL AND r.ready_at <= now())::integer
            AS waiting,
        count(*) FILTER (WHERE r.lease_token IS NOT NULL)::integer AS invoking
-FROM operations o
-JOIN operation_runs x ON x.operation_id = o.id
-     AND x.position > o.succeeded + o.failed + o.skipped - $2
-     AND x.position <= o.succeeded + o.failed + o.skipped
-JOIN runs r ON r.id = x.run_id
-WHERE o.id = $1 AND x.outcome = 'succeeded';
+FROM runs r
+WHERE r.id IN (
+    SELECT x.run_id FROM operations o
+    JOIN operation_runs x ON x.operation_id = o.id
+         AND x.position > o.succeeded + o.failed + o.skipped - $2
+         AND x.position <= o.succeeded + o.failed + o.skipped
+    WHERE o.id = $1 AND x.operation_id = $1 AND x.outcome = 'succeeded'
+);
 
 -- name: delete_old_operations
 -- Up to $2 operations that ended more than $1 seconds ago, with their lists of runs (kept as

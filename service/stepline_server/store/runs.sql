@@ -67,7 +67,9 @@ WHERE r.project_id = $1 AND r.id = $2;
 -- name: run_steps
 -- (The callback's status is looked up per step, so the plan reads callbacks by key whatever the
 -- statistics said when it was made.)
-SELECT s.*, (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id) AS callback_status
+-- (The callback is looked up by its run too: the run's own shard on Citus.)
+SELECT s.*, (SELECT c.status FROM callbacks c
+             WHERE c.id = s.callback_id AND c.run_id = s.run_id) AS callback_status
 FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
@@ -150,10 +152,11 @@ SELECT trigger FROM runs WHERE id = $1;
 -- name: singleton_holder
 -- The run not ended, other than run $1, that holds run $1's singleton key (of its workflow and
 -- environment): while there is one, run $1 cannot go again.
-SELECT o.id FROM runs r JOIN runs o
-    ON o.project_id = r.project_id AND o.workflow = r.workflow
-   AND o.singleton_key = r.singleton_key AND o.ended_at IS NULL AND o.id <> r.id
-WHERE r.id = $1 AND r.singleton_key IS NOT NULL;
+-- (Run $1's key read first, then the runs holding it: on Citus they are on other shards.)
+SELECT o.id FROM runs o
+WHERE (o.project_id, o.workflow, o.singleton_key)
+      = (SELECT r.project_id, r.workflow, r.singleton_key FROM runs r WHERE r.id = $1)
+  AND o.ended_at IS NULL AND o.id <> $1;
 
 -- name: restart_run
 -- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).

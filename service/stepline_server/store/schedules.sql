@@ -103,9 +103,14 @@ RETURNING *;
 -- name: buffered_tick_due
 -- The run that held back schedule $1's buffered tick ended: the schedule is due from that tick
 -- on, so the next scheduler pass starts its run, and the schedulers are woken for it now.
-UPDATE schedules SET next_fire_at = least(next_fire_at, buffered_tick_at)
-WHERE id = $1 AND buffered_tick_at IS NOT NULL
-RETURNING pg_notify('stepline_schedule', id);
+-- (Notified from the statement's result, not its RETURNING: Citus takes no volatile function
+-- there, and sends it from the coordinator's session, where the schedulers listen.)
+WITH due AS (
+    UPDATE schedules SET next_fire_at = least(next_fire_at, buffered_tick_at)
+    WHERE id = $1 AND buffered_tick_at IS NOT NULL
+    RETURNING id
+)
+SELECT pg_notify('stepline_schedule', id) FROM due;
 
 -- name: take_buffered_tick
 -- The buffered tick was let go.

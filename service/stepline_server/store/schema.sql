@@ -383,6 +383,27 @@ CREATE TABLE run_state (
 COMMENT ON TABLE run_state IS 'The current value of each key a run published with ctx.set_state (the last set of the key wins; every set is also a state step and a state.set event); deleted with the run.';
 COMMENT ON COLUMN run_state.value IS 'The value as the app sent it (JSON, at most 64 KiB; an envelope when the app encrypts or stores values).';
 
+-- Runs locked in a given order (before an app is deleted), each by a statement of its own.
+
+CREATE FUNCTION lock_runs_in_order(p_ids uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    run uuid;
+    locked integer := 0;
+BEGIN
+    -- Locks runs p_ids FOR NO KEY UPDATE (as an UPDATE locks), in the order given; answers
+    -- how many exist.
+    FOREACH run IN ARRAY coalesce(p_ids, '{}') LOOP
+        PERFORM 1 FROM runs WHERE id = run FOR NO KEY UPDATE;
+        IF FOUND THEN
+            locked := locked + 1;
+        END IF;
+    END LOOP;
+    RETURN locked;
+END
+$$;
+COMMENT ON FUNCTION lock_runs_in_order(uuid[]) IS 'Runs locked FOR NO KEY UPDATE one by one, in the order given (on Citus, each lock a statement on one shard).';
+
 -- Leases: the one run state machine. A run is leased to an invocation in one place
 -- (lease_runs), whatever path leases it; the fence and pausing live inside it. Orchestrators
 -- beat, so a pull app's lapsed lease can be told lost by its worker or by us.

@@ -19,7 +19,7 @@ kept AS (
     SELECT s.run_id, x.key, s.project_id, s.output, now()
     FROM x JOIN steps s ON s.run_id = $1 AND s.name = x.step
     WHERE s.status = 'completed' AND s.version = pg_current_xact_id() AND s.output IS NOT NULL
-    ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()
+    ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
     RETURNING t.key
 )
 SELECT kept.key, pg_notify('stepline_state', $1::text) IS NULL AS notified FROM kept;
