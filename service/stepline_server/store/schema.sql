@@ -140,7 +140,6 @@ CREATE TABLE runs (
     deadline_at timestamptz,
     cancel_requested boolean NOT NULL DEFAULT false,
     version integer NOT NULL DEFAULT 1,
-    next_seq bigint NOT NULL DEFAULT 1,
     ready_at timestamptz,
     lease_token text,
     lease_owner text,
@@ -674,7 +673,7 @@ CREATE INDEX alert_notifications_due ON alert_notifications (next_attempt_at) WH
 CREATE INDEX alert_notifications_alert ON alert_notifications (alert_id, created_at DESC, id DESC);
 CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHERE status <> 'pending';
 
--- Run transitions: append_run_events (the only writer of a run's history and of its next_seq)
+-- Run transitions: append_run_events (the only writer of a run's history)
 -- and the functions that each move one run, keyed by the run and its project.
 CREATE FUNCTION append_run_events(p_run uuid, p_project uuid, p_events jsonb,
                                   p_invocation uuid DEFAULT NULL)
@@ -686,18 +685,20 @@ BEGIN
     -- Appends p_events (a JSON array of {type, step_name, invocation_id, deployment_id,
     -- http_status, duration_ms, data, at}; invocation_id defaults to p_invocation, at to now())
     -- to run p_run's history, numbered after its last event; answers the first event's seq
-    -- (NULL when p_events is empty or the run is not p_project's). The run's row is updated
-    -- (next_seq), so two transactions appending to one run take turns and the seqs have no
-    -- gap. The only writer of run_events.
+    -- (NULL when p_events is empty or the run is not p_project's). The run's row is locked
+    -- first (its transition has locked or updated it already: then this is cheap, no new row
+    -- version),
+    -- so two transactions appending to one run take turns and the seqs have no gap; the
+    -- numbering reads the run's last event after the lock (a new snapshot: what the previous
+    -- holder appended is seen). The only writer of run_events.
     IF n = 0 THEN
         RETURN NULL;
     END IF;
-    UPDATE runs SET next_seq = next_seq + n
-    WHERE id = p_run AND project_id = p_project
-    RETURNING next_seq - n INTO base;
-    IF base IS NULL THEN
+    PERFORM FROM runs WHERE id = p_run AND project_id = p_project FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    SELECT coalesce(max(seq), 0) + 1 INTO base FROM run_events WHERE run_id = p_run;
     INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
                             deployment_id, http_status, duration_ms, data)
     SELECT p_run, base + x.ord - 1, p_project, coalesce(x.at, now()), x.type, x.step_name,
@@ -711,7 +712,7 @@ BEGIN
     RETURN base;
 END
 $$;
-COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid) IS 'Appends events to a run''s history and answers the first one''s seq: the only writer of run_events and of runs.next_seq.';
+COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid) IS 'Appends events to a run''s history, numbered after its last event under the run''s row lock, and answers the first one''s seq: the only writer of run_events.';
 
 CREATE FUNCTION run_wake(p_run uuid, p_project uuid, p_events jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
