@@ -93,19 +93,21 @@ WHERE ready_at IS NOT NULL AND NOT pull AND ($1::boolean OR lease_token IS NULL)
 
 -- name: heartbeat
 -- Extends the leases ($1: [{id, token}]) still held by $2 seconds, never past a run's
--- deadline (a run at its time limit comes due, to be ended). The runs are locked in id order.
-WITH held AS (
-    SELECT r.id FROM runs r
+-- deadline (run_keep_lease: a run at its time limit comes due, to be ended). The runs are
+-- locked in id order, before any is extended (a materialised CTE, as suspend_runs).
+WITH held AS MATERIALIZED (
+    SELECT r.id, r.project_id, h.token FROM runs r
     JOIN (SELECT h.* FROM jsonb_array_elements($1::jsonb) AS item
               CROSS JOIN LATERAL jsonb_to_record(item) AS h(id uuid, token text)
           WHERE jsonb_typeof(item) = 'object') h ON r.id = h.id AND r.lease_token = h.token
     ORDER BY r.id
     FOR UPDATE OF r
 )
-UPDATE runs r
-SET ready_at = least(now() + make_interval(secs => $2::double precision), r.deadline_at)
-FROM held WHERE r.id = held.id
-RETURNING r.id, r.cancel_requested;
+SELECT id, cancel_requested FROM (
+    SELECT id, run_keep_lease(id, project_id, token, $2::double precision) AS cancel_requested
+    FROM held
+) k
+WHERE cancel_requested IS NOT NULL;
 
 -- name: begin_invocations
 -- For each claimed run ($1: [{run_id, token, invocation_id, attempt, deltas}]) whose lease the
