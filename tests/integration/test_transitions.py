@@ -34,9 +34,9 @@ def test_history_is_written_in_one_place() -> None:
         assert "INSERT INTO run_events" not in text, path.name
 
 
-# The statements that still update runs themselves: the begin of an invocation, the group
-# commit of progress and the end of runs (each becoming a per-run function).
-UPDATES_LEFT = {"claims.sql": 1, "progress.sql": 1, "outcomes.sql": 1}
+# The statements that still update runs themselves: the begin of an invocation (its history
+# snapshot; becoming part of one lease-and-begin function).
+UPDATES_LEFT = {"claims.sql": 1}
 
 
 def test_runs_are_updated_only_by_transition_functions() -> None:
@@ -271,4 +271,86 @@ async def test_wake_makes_a_run_due_with_what_woke_it_and_leaves_an_ended_run_al
         )
         assert [r["type"] for r in types] == ["run.started", "callback.completed"]
     finally:
+        await conn.close()
+
+
+_PROGRESS = (
+    "SELECT applied, cancel_requested FROM run_progress($1, $2, $3, $4,"
+    ' \'[{"type": "step.completed", "step_name": "a"}]\', $5, $6, 0,'
+    ' \'[{"ord": 1, "name": "a", "kind": "run", "status": "completed", "attempt": 1,'
+    ' "output": 1}]\','
+    " NULL, NULL, 100, 100000)"
+)
+
+
+async def test_progress_is_fenced_by_the_lease_and_replays_once(database_url: str) -> None:
+    """run_progress writes for the invocation holding the lease only; the same call again
+    (same seq and digest) answers applied = false and writes nothing; the same seq with another
+    digest (a second execution) answers no row."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        token = await _leased(conn, run_id)
+        invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
+        count = "SELECT count(*) FROM run_events WHERE run_id = $1"
+        events = await conn.fetchval(count, run_id)
+        assert await conn.fetch(_PROGRESS, run_id, project, "stale", invocation, 1, "d") == []
+        assert await conn.fetch(_PROGRESS, run_id, project, token, uuid.uuid4(), 1, "d") == []
+        assert await conn.fetchval(count, run_id) == events
+        first = await conn.fetchrow(_PROGRESS, run_id, project, token, invocation, 1, "d")
+        assert first is not None and first["applied"] is True
+        assert await conn.fetchval(count, run_id) == events + 1
+        again = await conn.fetchrow(_PROGRESS, run_id, project, token, invocation, 1, "d")
+        assert again is not None and again["applied"] is False
+        assert await conn.fetch(_PROGRESS, run_id, project, token, invocation, 1, "other") == []
+        assert await conn.fetchval(count, run_id) == events + 1
+        position = await conn.fetchval(
+            "SELECT position FROM steps WHERE run_id = $1 AND name = 'a'", run_id
+        )
+        assert position == events + 1
+    finally:
+        await conn.close()
+
+
+async def test_an_end_with_a_stale_token_waiting_for_a_new_lease_ends_nothing(
+    database_url: str,
+) -> None:
+    """run_end with the token of a lease another transaction is replacing waits for it, then
+    ends nothing; without a token (a cancel, a time limit) it ends the run, once."""
+    conn = await db.connect(database_url)
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    end = (
+        "SELECT status::text FROM run_end($1, $2, $3, 'completed', '1', NULL,"
+        " 'run.completed', NULL)"
+    )
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        old = await _leased(conn, run_id)
+        await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+        tx = first.transaction()
+        await tx.start()
+        assert await first.fetchval(
+            "SELECT lease_token FROM lease_runs(ARRAY[$1]::uuid[], 'p', 30, NULL, true)", run_id
+        )
+        ending = asyncio.ensure_future(second.fetch(end, run_id, project, old))
+        await asyncio.sleep(0.3)
+        assert not ending.done()
+        await tx.commit()
+        assert await asyncio.wait_for(ending, 10) == []
+        assert await conn.fetchval("SELECT status::text FROM runs WHERE id = $1", run_id) == (
+            "running"
+        )
+        assert await conn.fetchval(end, run_id, project, None) == "completed"
+        assert await conn.fetch(end, run_id, project, None) == []
+        types = await conn.fetch(
+            "SELECT type::text FROM run_events WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        assert [r["type"] for r in types][-1] == "run.completed"
+        assert sum(r["type"] == "run.completed" for r in types) == 1
+    finally:
+        await first.close()
+        await second.close()
         await conn.close()

@@ -250,3 +250,199 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION run_keep_lease(uuid, uuid, text, double precision) IS 'The heartbeat: a lease still held is extended.';
+
+CREATE FUNCTION run_progress(
+    p_run uuid, p_project uuid, p_token text, p_invocation uuid, p_events jsonb, p_seq bigint,
+    p_digest text, p_logs_dropped integer, p_changes jsonb, p_callbacks jsonb, p_logs jsonb,
+    p_max_lines integer, p_max_bytes bigint,
+    OUT applied boolean, OUT cancel_requested boolean
+) RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    was runs%ROWTYPE;
+    base bigint;
+    kept integer;
+    kept_bytes bigint;
+    dropped integer;
+BEGIN
+    -- The progress transition: the invocation p_invocation holding lease p_token commits its
+    -- step changes (p_changes: [{ord (1-based; a step's position is the seq of the ord-th of
+    -- p_events), name, kind, status, attempt, output, error, ended, delay_ms, timeout_ms,
+    -- at_ms, callback_id, child_run_id, event_name, match}]), the callbacks it created
+    -- (p_callbacks: [{id, step_name, timeout_ms}]), its history events (p_events, appended
+    -- through append_run_events) and its log lines (p_logs: [{ord, at, level, message, fields,
+    -- step_name, size}], kept in order while the run's log has room, p_max_lines lines and
+    -- p_max_bytes bytes in all; once a line did not fit, none newer is kept; p_logs_dropped
+    -- more were dropped by the app). No row (nothing written: the caller must stop) when the
+    -- token or the invocation is not the one holding the run, when the run is past its time
+    -- limit, or when the call repeats an applied seq with another body (p_digest: a second
+    -- execution of the invocation); the same call sent again (same seq and digest: its answer
+    -- was lost) answers applied = false and writes nothing. ready_at (indexed) is left alone
+    -- so the run's row is updated in place (one row version); the heartbeat extends the
+    -- lease. Touches only this run's rows.
+    SELECT * INTO was FROM runs
+    WHERE id = p_run AND project_id = p_project AND lease_token = p_token
+      AND invocation_id = p_invocation AND status IN ('running', 'cancelling')
+      AND (deadline_at IS NULL OR deadline_at > now())
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_seq <> 0 AND was.progress_seq >= p_seq THEN
+        IF p_seq = was.progress_seq AND p_digest IS NOT DISTINCT FROM was.progress_digest THEN
+            applied := false;
+            cancel_requested := was.cancel_requested;
+            RETURN NEXT;
+        END IF;
+        RETURN;
+    END IF;
+    -- Each line's seq in the run's log and whether it fits (the run is locked: its counts hold).
+    -- (A part the call does not have costs no statement.)
+    kept := 0;
+    kept_bytes := 0;
+    dropped := 0;
+    IF p_logs IS NOT NULL THEN
+    WITH lines AS (
+        SELECT l.*, was.log_lines + l.ord AS seq,
+               was.logs_dropped = 0 AND was.log_lines + l.ord <= p_max_lines
+               AND was.log_bytes + sum(l.size) OVER (ORDER BY l.ord) <= p_max_bytes AS fits
+        FROM jsonb_to_recordset(coalesce(p_logs, '[]')) AS l(
+            ord integer, at timestamptz, level text, message text, fields jsonb,
+            step_name text, size integer)
+    ),
+    ins AS (
+        INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)
+        SELECT p_run, l.seq, p_project, l.at, l.level, l.message, l.fields, l.step_name
+        FROM lines l WHERE l.fits
+    )
+    SELECT count(*) FILTER (WHERE fits), coalesce(sum(size) FILTER (WHERE fits), 0),
+           count(*) FILTER (WHERE NOT fits)
+    INTO kept, kept_bytes, dropped
+    FROM lines;
+    END IF;
+    UPDATE runs SET
+        progress_at = now(),
+        progress_seq = greatest(runs.progress_seq, p_seq),
+        progress_digest = CASE WHEN p_seq > 0 THEN p_digest ELSE runs.progress_digest END,
+        log_lines = runs.log_lines + kept,
+        log_bytes = runs.log_bytes + kept_bytes,
+        logs_dropped = runs.logs_dropped + dropped + coalesce(p_logs_dropped, 0)
+    WHERE id = p_run
+    RETURNING runs.cancel_requested INTO cancel_requested;
+    base := append_run_events(p_run, p_project, p_events, p_invocation);
+    IF p_changes IS NOT NULL THEN
+    INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
+                            error, ended_at, wake_at, timeout_at, callback_id, child_run_id,
+                            event_name, match)
+    SELECT p_run, p_project, x.name, x.kind, x.status, base + x.ord - 1, x.attempt, x.output,
+           x.error,
+           CASE WHEN x.ended THEN now() END,
+           -- A sleep counts from when the workflow reached it (at_ms, the app's clock) as far
+           -- as that lies between the invocation's last commit and now; else from now.
+           CASE WHEN x.delay_ms IS NOT NULL
+                THEN CASE WHEN x.at_ms IS NULL THEN now()
+                          ELSE greatest(was.progress_at,
+                                        least(now(), to_timestamp(x.at_ms / 1000.0)))
+                     END + make_interval(secs => x.delay_ms::double precision / 1000) END,
+           CASE WHEN x.timeout_ms IS NOT NULL
+                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
+           x.callback_id, x.child_run_id, x.event_name, x.match
+    FROM jsonb_to_recordset(coalesce(p_changes, '[]')) AS x(
+        ord integer, name text, kind step_kind, status step_status, attempt integer,
+        output jsonb, error jsonb, ended boolean, delay_ms bigint, timeout_ms bigint,
+        at_ms bigint, callback_id uuid, child_run_id uuid, event_name text, match jsonb)
+    ON CONFLICT (run_id, name) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = excluded.error, ended_at = excluded.ended_at, wake_at = excluded.wake_at,
+        timeout_at = excluded.timeout_at,
+        callback_id = coalesce(excluded.callback_id, t.callback_id),
+        child_run_id = coalesce(excluded.child_run_id, t.child_run_id),
+        event_name = excluded.event_name, match = excluded.match,
+        started_at = CASE WHEN excluded.status = 'running' THEN now() ELSE t.started_at END
+    WHERE t.status NOT IN ('completed', 'failed', 'cancelled');
+    END IF;
+    IF p_callbacks IS NOT NULL THEN
+    -- A callback's id is derived from its run and step: an ended one comes back only when a
+    -- retry runs its step again, and then it waits anew.
+    INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
+    SELECT x.id, p_project, p_run, x.step_name,
+           CASE WHEN x.timeout_ms IS NOT NULL
+                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
+    FROM jsonb_to_recordset(coalesce(p_callbacks, '[]')) AS x(
+        id uuid, step_name text, timeout_ms bigint)
+    ON CONFLICT (id) DO UPDATE SET
+        status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
+        timeout_at = excluded.timeout_at
+    WHERE callbacks.status <> 'pending';
+    END IF;
+    applied := true;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION run_progress(uuid, uuid, text, uuid, jsonb, bigint, text, integer, jsonb, jsonb, jsonb, integer, bigint) IS 'The progress transition: an invocation''s step changes, callbacks, history and log lines committed under its lease, replays answered once.';
+
+CREATE FUNCTION run_end(
+    p_run uuid, p_project uuid, p_token text, p_status run_status, p_output jsonb,
+    p_error jsonb, p_event run_event_type, p_data jsonb,
+    OUT parent_run_id uuid, OUT parent_step text, OUT schedule_id text, OUT status run_status,
+    OUT has_children boolean
+) RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    wf text;
+    closed jsonb;
+BEGIN
+    -- The end transition: a run not ended ends with p_status (its output or error), when
+    -- p_token is its lease token or is NULL (a cancel, a time limit). Its open steps are
+    -- cancelled (and their pending callbacks), its history gets their step.cancelled events
+    -- and the end event p_event (with p_data), the alerts listening for a failure or a time
+    -- out are recorded, and listeners hear of it (stepline_ended). Answers what the caller
+    -- must still settle (its parent, by resolve_child; its children, when it has some; its
+    -- schedule); no row when the run was not this token's or had ended. Touches only this
+    -- run's rows.
+    UPDATE runs r SET
+        status = p_status, output = p_output, error = p_error, ended_at = now(),
+        ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = r.version + 1
+    WHERE r.id = p_run AND r.project_id = p_project
+      AND (p_token IS NULL OR r.lease_token = p_token)
+      AND r.status IN ('running', 'cancelling')
+    RETURNING r.parent_run_id, r.parent_step, r.schedule_id, r.status, r.workflow
+    INTO parent_run_id, parent_step, schedule_id, status, wf;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    WITH c AS (
+        UPDATE steps s SET status = 'cancelled', ended_at = now()
+        WHERE s.run_id = p_run AND s.status IN ('running', 'retrying', 'sleeping', 'waiting')
+        RETURNING s.name, s.kind, s.callback_id
+    ),
+    cancelled_callbacks AS (
+        UPDATE callbacks cb SET status = 'cancelled', completed_at = now()
+        FROM c WHERE cb.id = c.callback_id AND cb.status = 'pending'
+    )
+    SELECT jsonb_agg(jsonb_build_object('type', 'step.cancelled', 'step_name', c.name,
+                                        'data', jsonb_build_object('kind', c.kind))
+                     ORDER BY c.name)
+    INTO closed FROM c;
+    PERFORM append_run_events(p_run, p_project, coalesce(closed, '[]'::jsonb)
+        || jsonb_build_array(jsonb_build_object('type', p_event, 'data', p_data)));
+    -- Alerts (alerts.sql): a run ending failed or timedOut records one notification per alert
+    -- listening for it (run.failed, run.timedOut, and app.unreachable for a failure with code
+    -- app_unreachable), at most one per alert, run and type.
+    IF p_status IN ('failed', 'timedOut') THEN
+        INSERT INTO alert_notifications (id, project_id, alert_id, type, run_id, data)
+        SELECT gen_random_uuid(), p_project, a.id, t.type, p_run,
+               jsonb_build_object('workflow', wf, 'status', p_status, 'error', p_error)
+        FROM (VALUES
+            (CASE p_status WHEN 'failed' THEN 'run.failed' WHEN 'timedOut' THEN 'run.timedOut' END),
+            (CASE WHEN p_status = 'failed' AND p_error ->> 'code' = 'app_unreachable'
+                  THEN 'app.unreachable' END)) AS t (type)
+        JOIN alerts a ON a.project_id = p_project AND t.type = ANY (a.types)
+                     AND (a.workflow IS NULL OR a.workflow = wf)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    has_children := EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = p_run
+                                                   AND c.status IN ('running', 'cancelling'));
+    PERFORM pg_notify('stepline_ended', p_run::text);
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION run_end(uuid, uuid, text, run_status, jsonb, jsonb, run_event_type, jsonb) IS 'The end transition: a run ends, its open steps cancelled, its history and alerts told; a child''s end wakes its parent by the caller (resolve_child).';
