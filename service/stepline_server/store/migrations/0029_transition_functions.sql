@@ -446,3 +446,151 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION run_end(uuid, uuid, text, run_status, jsonb, jsonb, run_event_type, jsonb) IS 'The end transition: a run ends, its open steps cancelled, its history and alerts told; a child''s end wakes its parent by the caller (resolve_child).';
+
+CREATE FUNCTION run_begin(
+    p_run uuid, p_project uuid, p_token text, p_invocation uuid, p_attempt integer,
+    p_deltas boolean, p_lead double precision, p_inline_max integer
+) RETURNS TABLE (
+    name text, kind step_kind, status step_status, "position" bigint, attempt integer,
+    output jsonb, output_bytes integer, output_digest text, error jsonb, wake_at timestamptz,
+    callback_id uuid, child_run_id uuid, callback_status text, blocked boolean,
+    wait_s double precision, late_s double precision, history_base uuid,
+    history_steps bigint, history_bytes bigint
+) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_deployment text;
+    v_since pg_snapshot;
+    v_base uuid;
+    v_again boolean;
+BEGIN
+    -- The begin transition: the invocation p_invocation (attempt p_attempt) of the run leased
+    -- to p_token begins, unless the lease went stale (no row: another orchestrator may hold the
+    -- run now). What came due is settled (sleeps complete, those ending within p_lead seconds
+    -- too, as of their end; event waits past their timeout complete with null; callbacks past
+    -- theirs fail as timed out) and the invocation's start is recorded (invocation.started, with
+    -- the deployment it goes to: the run's, else the app's last known one). Answers the run's
+    -- steps in the order they were first recorded (a run with no steps to send: one row whose
+    -- name is null): every step (history_base null) when its last invocation is not known or
+    -- was not answered by an SDK that reads deltas (history_acked), or p_deltas is false, else
+    -- only those written by transactions the snapshot that invocation read under did not see,
+    -- the open ones and those settled here; the snapshot taken here is kept for the next
+    -- invocation, taken in this database (history_db: not a dump restored elsewhere). Each row
+    -- says the size of the whole history (history_steps, history_bytes); wait_s, in how many
+    -- seconds the last sleep settled ends (the app must not be called before); blocked marks a
+    -- retrying step whose next attempt is not due then; a result over p_inline_max bytes comes
+    -- back as null with its output_bytes and output_digest; late_s, for a timer settled here,
+    -- how many seconds ago it was due (negative: claimed ahead; only sleeps are settled ahead).
+    -- A begin tried again after its commit went through unseen finds its invocation already
+    -- begun: it records and settles nothing more and sends every step. Touches only this run's
+    -- rows.
+    SELECT coalesce((SELECT d.deployment_id FROM deployments d
+                     WHERE d.id = r.deployment AND NOT d.current), a.deployment_id),
+           CASE WHEN coalesce(p_deltas, true) AND r.history_db = stepline_database_id()
+                     AND r.history_acked = r.history_invocation
+                     AND r.history_invocation IS DISTINCT FROM p_invocation
+                THEN r.history_snapshot END,
+           r.history_invocation,
+           r.history_invocation IS NOT DISTINCT FROM p_invocation
+    INTO v_deployment, v_since, v_base, v_again
+    FROM runs r JOIN apps a ON a.id = r.app_id
+    WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
+      AND r.status IN ('running', 'cancelling')
+    FOR UPDATE OF r;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH resolved AS (
+        UPDATE steps SET
+            status = CASE WHEN steps.kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
+            error = CASE WHEN steps.kind = 'callback'
+                THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
+            ended_at = greatest(now(), CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
+                                            ELSE steps.timeout_at END)
+        WHERE steps.run_id = p_run AND NOT v_again
+          AND ((steps.status = 'sleeping'
+                AND steps.wake_at <= now() + make_interval(secs => p_lead))
+               OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
+                   AND steps.timeout_at <= now()))
+        RETURNING steps.name, steps.kind, steps.callback_id, steps.status, steps.error,
+                  steps.ended_at
+    ),
+    timed_out AS (
+        UPDATE callbacks c SET status = 'timedOut', completed_at = resolved.ended_at
+        FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
+    ),
+    -- When the invocation may start: now, or when the last sleep settled ends.
+    starts AS (
+        SELECT greatest(now(), max(rv.ended_at)) AS at FROM resolved rv
+    ),
+    evs AS (
+        SELECT jsonb_agg(jsonb_build_object('at', x.at, 'type', x.type, 'step_name', x.name,
+                                            'invocation_id', x.invocation_id,
+                                            'deployment_id', x.deployment_id, 'data', x.data)
+                         ORDER BY x.k, x.at, x.name) AS events
+        FROM (
+            SELECT 0 AS k, rv.ended_at AS at,
+                   CASE WHEN rv.kind = 'callback' THEN 'step.failed' ELSE 'step.completed' END
+                       AS type,
+                   rv.name, NULL::uuid AS invocation_id, NULL::text AS deployment_id,
+                   CASE WHEN rv.kind = 'sleep' THEN jsonb_build_object('kind', rv.kind)
+                        ELSE jsonb_build_object('kind', rv.kind, 'timedOut', true) END AS data
+            FROM resolved rv
+            UNION ALL
+            SELECT 1, starts.at, 'invocation.started', NULL, p_invocation, v_deployment,
+                   jsonb_build_object('attempt', p_attempt)
+            FROM starts WHERE NOT v_again
+        ) x
+    ),
+    -- The run's snapshot for the next invocation, and its history (appended once its row is
+    -- updated: this reads r).
+    r AS (
+        UPDATE runs SET history_snapshot = pg_current_snapshot(),
+                        history_invocation = p_invocation, history_db = stepline_database_id()
+        FROM evs WHERE runs.id = p_run AND evs.events IS NOT NULL
+        RETURNING runs.id, evs.events
+    ),
+    history AS (
+        SELECT append_run_events(p_run, p_project, r.events) AS seq FROM r
+    ),
+    size AS (
+        SELECT count(*) AS steps, coalesce(sum(a.output_bytes), 0)::bigint AS bytes
+        FROM steps a WHERE a.run_id = p_run
+    )
+    -- The steps to send as read before this statement, with what it just settled laid over.
+    SELECT s.name, s.kind, s.status, s.position, s.attempt, s.output, s.output_bytes,
+           s.output_digest, s.error, s.wake_at, s.callback_id, s.child_run_id,
+           s.callback_status,
+           coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
+           extract(epoch FROM starts.at - now())::double precision AS wait_s, s.late_s,
+           CASE WHEN v_since IS NOT NULL THEN v_base END AS history_base,
+           size.steps AS history_steps, size.bytes AS history_bytes
+    FROM starts
+    CROSS JOIN size
+    -- (The history is appended: a join the planner cannot drop reads it.)
+    CROSS JOIN (SELECT count(*) AS n FROM history) h
+    LEFT JOIN LATERAL (
+        SELECT s.name, s.kind, coalesce(rv.status, s.status) AS status, s.position, s.attempt,
+               CASE WHEN s.output_bytes > p_inline_max THEN NULL ELSE s.output END AS output,
+               s.output_bytes, s.output_digest, coalesce(rv.error, s.error) AS error, s.wake_at,
+               s.callback_id, s.child_run_id,
+               CASE WHEN rv.kind = 'callback' THEN 'timedOut'
+                    ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
+               END AS callback_status,
+               CASE WHEN rv.name IS NOT NULL
+                    THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping'
+                                                         THEN s.wake_at
+                                                         ELSE s.timeout_at END)::double precision
+               END AS late_s
+        FROM steps s
+        LEFT JOIN resolved rv ON rv.name = s.name
+        WHERE s.run_id = p_run
+          AND (v_since IS NULL OR NOT pg_visible_in_snapshot(s.version, v_since)
+               OR s.status NOT IN ('completed', 'failed', 'cancelled') OR rv.name IS NOT NULL)
+    ) s ON true
+    WHERE h.n >= 0
+    ORDER BY s.position;
+END
+$$;
+COMMENT ON FUNCTION run_begin(uuid, uuid, text, uuid, integer, boolean, double precision, integer) IS 'The begin transition: an invocation of a leased run begins, timers due settled, its start in the history; answers the steps to send.';
