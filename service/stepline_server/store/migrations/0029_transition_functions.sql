@@ -3,6 +3,10 @@
 -- run_events' primary key), serialised by the run's row lock, which every transition takes
 -- (and which append_run_events takes itself, a no-op when its transaction already holds it).
 -- runs.next_seq goes. Retention keeps each run's last event, so the numbering never restarts.
+-- Every other transition that updated runs from a statement becomes a function of its own,
+-- keyed by the run and its project and touching only that run's rows: run_begin, run_progress,
+-- run_end, run_keep_lease, run_request_cancel, run_restart, run_continue, run_hold,
+-- run_unhold, run_defer, run_resume, run_move, run_repair, run_gather_input and run_fire.
 
 CREATE OR REPLACE FUNCTION append_run_events(p_run uuid, p_project uuid, p_events jsonb,
                                              p_invocation uuid DEFAULT NULL)
