@@ -262,7 +262,7 @@ CREATE FUNCTION run_progress(
     OUT applied boolean, OUT cancel_requested boolean
 ) RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    was runs%ROWTYPE;
+    was record;
     base bigint;
     kept integer;
     kept_bytes bigint;
@@ -283,7 +283,9 @@ BEGIN
     -- was lost) answers applied = false and writes nothing. ready_at (indexed) is left alone
     -- so the run's row is updated in place (one row version); the heartbeat extends the
     -- lease. Touches only this run's rows.
-    SELECT * INTO was FROM runs
+    SELECT progress_at, progress_seq, progress_digest, log_lines, log_bytes, logs_dropped,
+           runs.cancel_requested
+    INTO was FROM runs
     WHERE id = p_run AND project_id = p_project AND lease_token = p_token
       AND invocation_id = p_invocation AND status IN ('running', 'cancelling')
       AND (deadline_at IS NULL OR deadline_at > now())
