@@ -272,9 +272,10 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
 ) -> None:
     """An event completes a wait in a transaction still open while the run's next invocation
     begins (it waits for the run's lock; a later transaction committed before it began): that
-    invocation reads the wait as it stood, and the one after, which sends only what changed,
-    sends the completed wait with the event's data. Each invocation after the first names the
-    one it builds on."""
+    invocation (run_begin reads the steps once it holds the lock) sends the completed wait with
+    the event's data, and the one after, which sends only what changed, sends nothing: the
+    snapshot kept is the one the steps were read under. Each invocation after the first names
+    the one it builds on."""
     first, second, watcher = conns = await connections(database_url, 3)
     try:
         item = event_wait(await leased_run(first), "order.shipped")
@@ -297,7 +298,9 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
             assert await blocked_or_done(watcher, second.get_server_pid(), beginning)
         raced = (await beginning)[item.run_id]
         assert raced.history_base == whole_item.invocation_id
-        assert [(s["name"], s["status"]) for s in raced.steps] == [("wait", "waiting")]
+        assert [(s["name"], s["status"], s["output"]) for s in raced.steps] == [
+            ("wait", "completed", {"n": 7})
+        ]
         raced_item = progress.Progress(
             item.run_id,
             claim["lease_token"],
@@ -308,9 +311,7 @@ async def test_a_step_written_while_an_invocation_begins_reaches_the_next(
 
         after_item, after = await begin(first, item.run_id)
         assert after.history_base == claim["invocation_id"]
-        assert [(s["name"], s["status"], s["output"]) for s in after.steps] == [
-            ("wait", "completed", {"n": 7})
-        ]
+        assert after.steps == []
         await suspend(first, after_item)
         _, quiet = await begin(first, item.run_id)
         assert quiet.steps == [] and (quiet.history_steps, quiet.history_bytes) == (1, 8)

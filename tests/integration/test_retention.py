@@ -74,6 +74,37 @@ async def test_sweep_prunes_old_ticks_and_the_old_history_of_long_lived_runs(
         await conn.close()
 
 
+async def test_sweep_keeps_each_runs_last_event_so_its_numbering_goes_on(
+    database_url: str,
+) -> None:
+    """A long-lived run whose whole history is past the retention keeps its last event: the
+    next event appended is numbered after it, not from 1 again (a follower's ?after= cursor
+    stays valid)."""
+    conn = await db.connect(database_url)
+    pool = await db.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        await keys.bootstrap(conn)
+        run_id = await _run(conn)
+        await runs.append_events(
+            conn, run_id, [{"type": "invocation.started"}, {"type": "invocation.ended"}]
+        )
+        await conn.execute(
+            "UPDATE runs SET created_at = now() - interval '40 days' WHERE id = $1", run_id
+        )
+        await conn.execute(
+            "UPDATE run_events SET at = now() - interval '40 days' WHERE run_id = $1", run_id
+        )
+        swept = await sweeper.sweep_once(pool, retention_days=30)
+        assert swept.history == 2
+        seqs = "SELECT array_agg(seq ORDER BY seq) FROM run_events WHERE run_id = $1"
+        assert await conn.fetchval(seqs, run_id) == [3]
+        await runs.append_events(conn, run_id, [{"type": "invocation.started"}])
+        assert await conn.fetchval(seqs, run_id) == [3, 4]
+    finally:
+        await pool.close()
+        await conn.close()
+
+
 async def test_sweep_deletes_in_batches_until_nothing_is_left(database_url: str) -> None:
     """More old runs than one batch are all deleted, with their callbacks and log lines, in
     one sweep."""

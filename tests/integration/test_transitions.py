@@ -25,14 +25,162 @@ async def _run(conn: db.Conn) -> uuid.UUID:
 
 
 def test_history_is_written_in_one_place() -> None:
-    """Outside the migrations and schema.sql, no statement inserts into run_events or moves
-    next_seq: every path appends through append_run_events."""
+    """Outside the migrations and schema.sql, no statement inserts into run_events: every path
+    appends through append_run_events."""
     for path in STORE.glob("*.sql"):
         if path.name == "schema.sql":
             continue
         text = path.read_text(encoding="utf-8")
         assert "INSERT INTO run_events" not in text, path.name
-        assert not re.search(r"next_seq\s*=", text), path.name
+
+
+def test_runs_are_updated_only_by_transition_functions() -> None:
+    """Outside the migrations and schema.sql (where the transition functions are), no store
+    statement updates runs: each goes through a transition function."""
+    found: dict[str, int] = {}
+    for path in STORE.glob("*.sql"):
+        if path.name == "schema.sql":
+            continue
+        n = len(re.findall(r"\bUPDATE\s+runs\b", path.read_text(encoding="utf-8")))
+        if n:
+            found[path.name] = n
+    assert found == {}
+
+
+async def _leased(conn: db.Conn, run_id: uuid.UUID) -> str:
+    token = await conn.fetchval(
+        "SELECT lease_token FROM lease_runs(ARRAY[$1]::uuid[], 'o', 30, NULL, true)", run_id
+    )
+    assert token is not None
+    return str(token)
+
+
+async def test_a_transition_makes_one_row_version_of_its_run(database_url: str) -> None:
+    """Appending history does not update the run's row: a wake (its update and its event)
+    makes one row version of runs, an append alone none."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        updates = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'runs'"
+        project = keys.DEFAULT_PROJECT
+        async with conn.transaction():
+            # (The backend's counts not yet reported include earlier transactions': within one
+            # transaction, the difference is its own.)
+            before = await conn.fetchval(updates)
+            await conn.fetchval(
+                """SELECT append_run_events($1, $2, '[{"type": "run.cancelling"}]')""",
+                run_id,
+                project,
+            )
+            assert await conn.fetchval(updates) == before
+            woke = [{"type": "event.received", "step_name": "e"}]
+            assert await conn.fetchval("SELECT run_wake($1, $2, $3::jsonb)", run_id, project, woke)
+            assert await conn.fetchval(updates) == before + 1
+    finally:
+        await conn.close()
+
+
+async def test_a_stale_lease_token_moves_nothing(database_url: str) -> None:
+    """The functions fenced by a lease token (keep, continue, suspend, release) change nothing
+    for a token that no longer holds the run."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        await _leased(conn, run_id)
+        before = await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+        calls = [
+            ("SELECT run_keep_lease($1, $2, 'stale', 60)", None),
+            ("SELECT count(*) FROM run_continue($1, $2, 'stale', '{}')", 0),
+            ("SELECT run_suspend($1, $2, 'stale', true)", False),
+            ("SELECT run_release($1, $2, 'stale', 1000)", None),
+        ]
+        for sql, answer in calls:
+            assert await conn.fetchval(sql, run_id, project) == answer, sql
+        assert await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id) == before
+    finally:
+        await conn.close()
+
+
+async def test_a_heartbeat_waiting_for_a_new_lease_keeps_nothing(database_url: str) -> None:
+    """A heartbeat with the old token that waits while another transaction takes the run
+    over (a new lease) extends nothing once that transaction commits."""
+    conn = await db.connect(database_url)
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        old = await _leased(conn, run_id)
+        await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+        tx = first.transaction()
+        await tx.start()
+        new = await first.fetchval(
+            "SELECT lease_token FROM lease_runs(ARRAY[$1]::uuid[], 'p', 30, NULL, true)", run_id
+        )
+        assert new is not None and new != old
+        beat = asyncio.ensure_future(
+            second.fetchval("SELECT run_keep_lease($1, $2, $3, 600)", run_id, project, old)
+        )
+        await asyncio.sleep(0.3)
+        assert not beat.done()
+        await tx.commit()
+        assert await asyncio.wait_for(beat, 10) is None
+        row = await conn.fetchrow("SELECT lease_token, ready_at FROM runs WHERE id = $1", run_id)
+        assert row["lease_token"] == new
+        assert await conn.fetchval("SELECT $1 < now() + interval '60 seconds'", row["ready_at"])
+    finally:
+        await first.close()
+        await second.close()
+        await conn.close()
+
+
+async def test_the_other_transitions_leave_a_run_they_do_not_apply_to(database_url: str) -> None:
+    """Each transition checks the run's state under its lock: an ended run is not cancelled,
+    resumed, moved or repaired; a run already leased neither gathers input nor fires; a run
+    not held is not released; a run is moved only to a deployment of its app."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        other_app = await apps.create(conn, project, "b", "http://127.0.0.1:9/", "s")
+        foreign = await conn.fetchval(
+            "SELECT id FROM deployments WHERE app_id = $1", other_app["id"]
+        )
+        assert foreign is not None
+        assert not await conn.fetchval("SELECT run_move($1, $2, $3)", run_id, project, foreign)
+        assert not await conn.fetchval("SELECT run_unhold($1, $2)", run_id, project)
+        assert not await conn.fetchval("SELECT run_resume($1, $2)", run_id, project)
+        await _leased(conn, run_id)
+        assert not await conn.fetchval(
+            "SELECT run_gather_input($1, $2, '{}', false)", run_id, project
+        )
+        assert not await conn.fetchval("SELECT run_fire($1, $2, '[]')", run_id, project)
+        assert not await conn.fetchval("SELECT run_request_cancel($1, $2)", run_id, uuid.uuid4())
+        await conn.execute(
+            "UPDATE runs SET status = 'completed', ended_at = now(), ready_at = NULL,"
+            " lease_token = NULL WHERE id = $1",
+            run_id,
+        )
+        before = await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+        own = await conn.fetchval(
+            "SELECT d.id FROM deployments d JOIN runs r ON r.app_id = d.app_id WHERE r.id = $1",
+            run_id,
+        )
+        assert own is not None
+        assert not await conn.fetchval("SELECT run_request_cancel($1, $2)", run_id, project)
+        assert not await conn.fetchval("SELECT run_move($1, $2, $3)", run_id, project, own)
+        assert not await conn.fetchval("SELECT run_repair($1, $2, 'x')", run_id, project)
+        assert await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id) == before
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM run_events WHERE run_id = $1 AND type = 'run.repaired'",
+                run_id,
+            )
+            == 0
+        )
+    finally:
+        await conn.close()
 
 
 async def test_two_transitions_of_one_run_number_its_history_without_gaps(
@@ -73,7 +221,6 @@ async def test_two_transitions_of_one_run_number_its_history_without_gaps(
             (3, "step.completed"),
             (4, "run.cancelling"),
         ]
-        assert await conn.fetchval("SELECT next_seq FROM runs WHERE id = $1", run_id) == 5
     finally:
         await first.close()
         await second.close()
@@ -94,7 +241,7 @@ async def test_a_type_outside_the_enum_is_refused(database_url: str) -> None:
             pass
         else:
             raise AssertionError("an unknown event type was appended")
-        assert await conn.fetchval("SELECT next_seq FROM runs WHERE id = $1", run_id) == 2
+        assert await conn.fetchval("SELECT max(seq) FROM run_events WHERE run_id = $1", run_id) == 1
     finally:
         await conn.close()
 
@@ -109,19 +256,135 @@ async def test_wake_makes_a_run_due_with_what_woke_it_and_leaves_an_ended_run_al
         woke = [{"type": "callback.completed", "step_name": "cb", "data": {"callbackId": "x"}}]
         assert await runs.wake(conn, run_id, woke, notify=False)
         row = await conn.fetchrow(
-            "SELECT wake_seq, ready_at IS NOT NULL AS due, next_seq FROM runs WHERE id = $1",
-            run_id,
+            "SELECT wake_seq, ready_at IS NOT NULL AS due FROM runs WHERE id = $1", run_id
         )
-        assert (row["wake_seq"], row["due"], row["next_seq"]) == (1, True, 3)
+        assert (row["wake_seq"], row["due"]) == (1, True)
         await conn.execute(
             "UPDATE runs SET status = 'completed', ended_at = now(), ready_at = NULL WHERE id = $1",
             run_id,
         )
         assert not await runs.wake(conn, run_id, woke, notify=False)
-        assert await conn.fetchval("SELECT next_seq FROM runs WHERE id = $1", run_id) == 3
         types = await conn.fetch(
             "SELECT type::text FROM run_events WHERE run_id = $1 ORDER BY seq", run_id
         )
         assert [r["type"] for r in types] == ["run.started", "callback.completed"]
+    finally:
+        await conn.close()
+
+
+_PROGRESS = (
+    "SELECT applied, cancel_requested FROM run_progress($1, $2, $3, $4,"
+    ' \'[{"type": "step.completed", "step_name": "a"}]\', $5, $6, 0,'
+    ' \'[{"ord": 1, "name": "a", "kind": "run", "status": "completed", "attempt": 1,'
+    ' "output": 1}]\','
+    " NULL, NULL, 100, 100000)"
+)
+
+
+async def test_progress_is_fenced_by_the_lease_and_replays_once(database_url: str) -> None:
+    """run_progress writes for the invocation holding the lease only (updating the run's row
+    once); the same call again
+    (same seq and digest) answers applied = false and writes nothing; the same seq with another
+    digest (a second execution) answers no row."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        token = await _leased(conn, run_id)
+        invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
+        count = "SELECT count(*) FROM run_events WHERE run_id = $1"
+        events = await conn.fetchval(count, run_id)
+        assert await conn.fetch(_PROGRESS, run_id, project, "stale", invocation, 1, "d") == []
+        assert await conn.fetch(_PROGRESS, run_id, project, token, uuid.uuid4(), 1, "d") == []
+        assert await conn.fetchval(count, run_id) == events
+        updates = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'runs'"
+        async with conn.transaction():
+            before = await conn.fetchval(updates)
+            first = await conn.fetchrow(_PROGRESS, run_id, project, token, invocation, 1, "d")
+            assert await conn.fetchval(updates) == before + 1  # one row version of the run
+        assert first is not None and first["applied"] is True
+        assert await conn.fetchval(count, run_id) == events + 1
+        again = await conn.fetchrow(_PROGRESS, run_id, project, token, invocation, 1, "d")
+        assert again is not None and again["applied"] is False
+        assert await conn.fetch(_PROGRESS, run_id, project, token, invocation, 1, "other") == []
+        assert await conn.fetchval(count, run_id) == events + 1
+        position = await conn.fetchval(
+            "SELECT position FROM steps WHERE run_id = $1 AND name = 'a'", run_id
+        )
+        assert position == events + 1
+    finally:
+        await conn.close()
+
+
+async def test_an_end_with_a_stale_token_waiting_for_a_new_lease_ends_nothing(
+    database_url: str,
+) -> None:
+    """run_end with the token of a lease another transaction is replacing waits for it, then
+    ends nothing; without a token (a cancel, a time limit) it ends the run, once."""
+    conn = await db.connect(database_url)
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    end = (
+        "SELECT status::text FROM run_end($1, $2, $3, 'completed', '1', NULL,"
+        " 'run.completed', NULL)"
+    )
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        old = await _leased(conn, run_id)
+        await conn.execute("UPDATE runs SET ready_at = now() WHERE id = $1", run_id)
+        tx = first.transaction()
+        await tx.start()
+        assert await first.fetchval(
+            "SELECT lease_token FROM lease_runs(ARRAY[$1]::uuid[], 'p', 30, NULL, true)", run_id
+        )
+        ending = asyncio.ensure_future(second.fetch(end, run_id, project, old))
+        await asyncio.sleep(0.3)
+        assert not ending.done()
+        await tx.commit()
+        assert await asyncio.wait_for(ending, 10) == []
+        assert await conn.fetchval("SELECT status::text FROM runs WHERE id = $1", run_id) == (
+            "running"
+        )
+        assert await conn.fetchval(end, run_id, project, None) == "completed"
+        assert await conn.fetch(end, run_id, project, None) == []
+        types = await conn.fetch(
+            "SELECT type::text FROM run_events WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        assert [r["type"] for r in types][-1] == "run.completed"
+        assert sum(r["type"] == "run.completed" for r in types) == 1
+    finally:
+        await first.close()
+        await second.close()
+        await conn.close()
+
+
+async def test_a_begin_is_fenced_and_makes_one_row_version(database_url: str) -> None:
+    """run_begin with a stale token begins nothing (no row, no event); with the lease's token
+    it records invocation.started, answers the run's (no) steps, and updates the run's row
+    once."""
+    conn = await db.connect(database_url)
+    try:
+        run_id = await _run(conn)
+        project = keys.DEFAULT_PROJECT
+        token = await _leased(conn, run_id)
+        invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
+        begin = "SELECT name, history_base FROM run_begin($1, $2, $3, $4, 1, true, 0, 1000)"
+        count = "SELECT count(*) FROM run_events WHERE run_id = $1"
+        events = await conn.fetchval(count, run_id)
+        assert await conn.fetch(begin, run_id, project, "stale", invocation) == []
+        assert await conn.fetchval(count, run_id) == events
+        updates = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'runs'"
+        async with conn.transaction():
+            before = await conn.fetchval(updates)
+            rows = await conn.fetch(begin, run_id, project, token, invocation)
+            assert [(r["name"], r["history_base"]) for r in rows] == [(None, None)]
+            assert await conn.fetchval(updates) == before + 1
+        last = await conn.fetchrow(
+            "SELECT type::text, invocation_id FROM run_events WHERE run_id = $1"
+            " ORDER BY seq DESC LIMIT 1",
+            run_id,
+        )
+        assert (last["type"], last["invocation_id"]) == ("invocation.started", invocation)
     finally:
         await conn.close()

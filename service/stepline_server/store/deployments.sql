@@ -80,12 +80,13 @@ SELECT count(*) FROM runs WHERE deployment = $1 AND status IN ('running', 'cance
 -- name: move_deployment_runs
 -- Moves every run not ended on deployment $1 to deployment $2 (in id order, as every
 -- statement that locks several runs does); their next invocation goes to its URL.
-WITH m AS (
-    SELECT id FROM runs WHERE deployment = $1 AND status IN ('running', 'cancelling')
+-- Each run moves by run_move, once all are locked (a materialised CTE).
+WITH m AS MATERIALIZED (
+    SELECT id, project_id FROM runs
+    WHERE deployment = $1 AND status IN ('running', 'cancelling')
     ORDER BY id FOR NO KEY UPDATE
 )
-UPDATE runs r SET deployment = $2 FROM m WHERE r.id = m.id
-RETURNING r.id;
+SELECT id FROM m WHERE run_move(id, project_id, $2);
 
 -- name: delete_deployment
 -- Deletes deployment $1 (not the current one); ended runs on it keep no deployment.
@@ -95,10 +96,8 @@ DELETE FROM deployments WHERE id = $1 AND NOT current RETURNING id;
 -- Moves run $1 of environment $2, if not ended, to deployment $3 of its own app: its next
 -- invocation goes to that deployment's URL. No row when the run is not found, is ended, or the
 -- deployment is not its app's.
-UPDATE runs r SET deployment = $3
-WHERE r.id = $1 AND r.project_id = $2 AND r.status IN ('running', 'cancelling')
-  AND EXISTS (SELECT 1 FROM deployments d WHERE d.id = $3 AND d.app_id = r.app_id)
-RETURNING r.id;
+-- (run_move.)
+SELECT $1::uuid AS id WHERE run_move($1, $2, $3);
 
 -- name: pull_deployment
 -- Which deployment of pull app $1 a worker declaring deployment id $2 gets runs of (NULL: it

@@ -76,9 +76,8 @@ go AS (
                    LIMIT least($6::integer, (SELECT room FROM busy)))
     FOR UPDATE SKIP LOCKED
 ),
-held_now AS (
-    UPDATE runs h SET held = true, ready_at = h.deadline_at, lease_token = NULL,
-                      lease_owner = NULL
+to_hold AS MATERIALIZED (
+    SELECT h.id, h.project_id FROM runs h
     WHERE h.project_id = $1 AND h.workflow = $2
       AND h.concurrency_key IS NOT DISTINCT FROM $7::text
       AND h.ready_at <= now() AND NOT h.held
@@ -86,26 +85,37 @@ held_now AS (
       AND coalesce(pull_lease_lapse(h, $5), 'ours') = 'ours'
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
+    ORDER BY h.id
+    FOR UPDATE OF h
+),
+-- Each held by run_hold, once all are locked; the count makes this run before the lease.
+held_now AS MATERIALIZED (
+    SELECT count(*) FILTER (WHERE run_hold(id, project_id)) AS n FROM to_hold
 )
 SELECT * FROM lease_runs(ARRAY(SELECT id FROM go), $4, $5, $9, $8)
+WHERE (SELECT n FROM held_now) IS NOT NULL
 ORDER BY priority DESC, created_at, id;
 
 -- name: release_held
 -- With lock_workflow held: the held runs of workflow $2 (project $1) with concurrency key
 -- value $4, higher priority first, then oldest, become due again, as far as its cap $3 has
 -- room beside its invocations in flight.
-UPDATE runs r SET ready_at = now(), held = false
-WHERE r.id IN (
-    SELECT id FROM runs
-    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
-      AND held
-    ORDER BY priority DESC, created_at, id
-    LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
-           WHERE project_id = $1 AND workflow = $2
-             AND concurrency_key IS NOT DISTINCT FROM $4::text
-             AND lease_token IS NOT NULL AND ready_at > now())
+-- Each by run_unhold, once all are locked in id order (a materialised CTE).
+WITH go AS MATERIALIZED (
+    SELECT r.id, r.project_id FROM runs r
+    WHERE r.id IN (
+        SELECT id FROM runs
+        WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
+          AND held
+        ORDER BY priority DESC, created_at, id
+        LIMIT (SELECT greatest(0, $3::integer - count(*)) FROM runs
+               WHERE project_id = $1 AND workflow = $2
+                 AND concurrency_key IS NOT DISTINCT FROM $4::text
+                 AND lease_token IS NOT NULL AND ready_at > now()))
+    ORDER BY r.id
+    FOR UPDATE OF r
 )
-RETURNING r.id;
+SELECT id FROM go WHERE run_unhold(id, project_id);
 
 -- name: lock_rate
 -- Serialises claiming the runs of workflow $2 of project $1 with rate key value $3 until the
@@ -156,13 +166,19 @@ ORDER BY priority DESC, created_at, id;
 -- With lock_rate held: the due runs not yet started of workflow $2 (project $1) with rate key
 -- value $3, in the order they go (higher priority first, then oldest), come due at the times
 -- $4 gives them in that order, never past their deadline; a time not after now leaves its run
--- due.
+-- due (run_defer, each once all are locked in id order).
 WITH ranked AS (
     SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS n FROM runs
     WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
       AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
       AND rate_key IS NOT DISTINCT FROM $3::text
+),
+go AS MATERIALIZED (
+    SELECT r.id, r.project_id, t.at FROM runs r
+    JOIN ranked ON ranked.id = r.id
+    JOIN unnest($4::timestamptz[]) WITH ORDINALITY AS t(at, n) ON t.n = ranked.n
+    WHERE t.at > now()
+    ORDER BY r.id
+    FOR UPDATE OF r
 )
-UPDATE runs r SET ready_at = least(t.at, r.deadline_at)
-FROM ranked JOIN unnest($4::timestamptz[]) WITH ORDINALITY AS t(at, n) ON t.n = ranked.n
-WHERE r.id = ranked.id AND t.at > now();
+SELECT count(*) FILTER (WHERE run_defer(id, project_id, at)) FROM go;

@@ -45,24 +45,14 @@ RETURNING *;
 -- name: debounce_input
 -- Gives debounced run $1 (still gathering) the input of its last start, $2, with the
 -- concurrency and rate limit key fields read from it as insert_run reads them.
-UPDATE runs
-SET input = $2::jsonb,
-    concurrency_key = CASE WHEN jsonb_typeof($2::jsonb) = 'object'
-                           THEN $2::jsonb ->> (options ->> 'concurrencyKey') END,
-    rate_key = CASE WHEN jsonb_typeof($2::jsonb) = 'object'
-                    THEN $2::jsonb ->> (options -> 'rateLimit' ->> 'key') END
-WHERE id = $1 AND status = 'running' AND ready_at IS NULL AND lease_token IS NULL
-  AND started_at IS NULL
-RETURNING id;
+-- (run_gather_input.)
+SELECT id FROM runs WHERE id = $1 AND run_gather_input(id, project_id, $2::jsonb, false);
 
 -- name: batch_input
 -- Appends the data $2 of one more event to batch run $1 (still gathering): its input is the
 -- list of its events' data, in the order received.
-UPDATE runs
-SET input = coalesce(input, '[]'::jsonb) || jsonb_build_array($2::jsonb)
-WHERE id = $1 AND status = 'running' AND ready_at IS NULL AND lease_token IS NULL
-  AND started_at IS NULL
-RETURNING id;
+-- (run_gather_input.)
+SELECT id FROM runs WHERE id = $1 AND run_gather_input(id, project_id, $2::jsonb, true);
 
 -- name: fire_gatherings
 -- Fires the gathering of run $1 now (a batch that just filled; the caller holds its row), or,
@@ -83,29 +73,22 @@ g AS (
     DELETE FROM run_gatherings USING due WHERE run_gatherings.run_id = due.run_id
     RETURNING run_gatherings.*
 ),
-r AS (
-    UPDATE runs
-    SET ready_at = now(),
-        deadline_at = now() + make_interval(
-            secs => (runs.options ->> 'timeoutMs')::double precision / 1000)
-    FROM g
-    WHERE runs.id = g.run_id AND runs.status = 'running' AND runs.ready_at IS NULL
-      AND runs.lease_token IS NULL AND runs.started_at IS NULL
-    RETURNING runs.id, runs.project_id, runs.workflow, g.kind, g.starts, g.event_ids
+-- Each run fires by run_fire (due now, its time limit from now, its history told).
+r AS MATERIALIZED (
+    SELECT runs.id, runs.project_id, runs.workflow, g.kind, g.starts FROM g
+    JOIN runs ON runs.id = g.run_id
+    WHERE run_fire(runs.id, runs.project_id, jsonb_build_array(
+        CASE g.kind WHEN 'debounce'
+             THEN jsonb_build_object('type', 'run.debounced',
+                                     'data', jsonb_build_object('starts', g.starts))
+             ELSE jsonb_build_object('type', 'run.batched',
+                                     'data', jsonb_build_object('size', g.starts,
+                                                                'eventIds', g.event_ids))
+        END))
 )
 SELECT id, project_id, workflow, kind, starts,
        CASE WHEN EXISTS (SELECT 1 FROM r) THEN pg_notify('stepline_wake', '') END AS woken
-FROM r
-CROSS JOIN LATERAL (
-    SELECT append_run_events(r.id, r.project_id, jsonb_build_array(
-        CASE kind WHEN 'debounce'
-             THEN jsonb_build_object('type', 'run.debounced',
-                                     'data', jsonb_build_object('starts', starts))
-             ELSE jsonb_build_object('type', 'run.batched',
-                                     'data', jsonb_build_object('size', starts,
-                                                                'eventIds', event_ids))
-        END)) AS seq
-) h;
+FROM r;
 
 -- name: gathering_of_run
 -- The open gathering run $1 belongs to, if any (what GET /v1/runs/{id} shows of it).

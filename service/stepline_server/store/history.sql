@@ -28,27 +28,11 @@ ORDER BY s.position;
 
 -- name: continue_run
 -- The invocation of run $1 holding lease $2 continued as new with input $3: the run's next
--- generation starts, due now, with no steps (the history keeps what they did; callbacks still
--- pending are cancelled); the input it was started with is kept (first_input: a start with
--- its run key and that input still names this run). Answers the new generation; no row when
--- the lease was lost.
-WITH r AS (
-    UPDATE runs SET
-        first_input = CASE WHEN generation = 1 THEN input ELSE first_input END,
-        input = $3::jsonb, generation = generation + 1, lease_token = NULL, lease_owner = NULL,
-        invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), version = version + 1,
-        history_snapshot = NULL, history_invocation = NULL
-    WHERE id = $1 AND lease_token = $2 AND status IN ('running', 'cancelling')
-    RETURNING id, generation
-),
-dropped AS (
-    DELETE FROM steps s USING r WHERE s.run_id = r.id RETURNING s.callback_id
-),
-callbacks_cancelled AS (
-    UPDATE callbacks c SET status = 'cancelled', completed_at = now()
-    FROM dropped WHERE c.id = dropped.callback_id AND c.status = 'pending'
-)
-SELECT generation, (SELECT count(*) FROM dropped) AS steps FROM r;
+-- generation starts (run_continue). Answers the new generation and the steps dropped; no row
+-- when the lease was lost.
+SELECT c.generation, c.steps FROM runs r
+CROSS JOIN LATERAL run_continue(r.id, r.project_id, $2, $3::jsonb) c
+WHERE r.id = $1;
 
 -- name: step_position
 SELECT position FROM steps WHERE run_id = $1 AND name = $2;

@@ -11,17 +11,22 @@ RETURNING *, (SELECT a.slug FROM apps a WHERE a.id = workflows.app_id) AS app_sl
 -- name: resume_workflow
 -- Resumes workflow $2 of environment $1: its runs set aside while it was paused are due again,
 -- as of when they were created, so the claims take them higher priority first, then oldest
--- (those of a paused app are set aside again when claimed). Wakes every dispatcher.
+-- (those of a paused app are set aside again when claimed): each resumed by run_resume, the
+-- runs locked first in id order (a materialised CTE). Wakes every dispatcher.
 WITH w AS (
     UPDATE workflows SET paused_at = NULL
     WHERE project_id = $1 AND name = $2
     RETURNING *
 ),
-r AS (
-    UPDATE runs SET paused = false, ready_at = least(runs.created_at, runs.deadline_at)
-    FROM w
-    WHERE runs.paused AND runs.project_id = w.project_id AND runs.workflow = w.name
-    RETURNING runs.id
+aside AS MATERIALIZED (
+    SELECT runs.id, runs.project_id FROM runs JOIN w
+        ON runs.project_id = w.project_id AND runs.workflow = w.name
+    WHERE runs.paused
+    ORDER BY runs.id
+    FOR UPDATE OF runs
+),
+r AS MATERIALIZED (
+    SELECT id FROM aside WHERE run_resume(id, project_id)
 )
 SELECT w.*, (SELECT a.slug FROM apps a WHERE a.id = w.app_id) AS app_slug,
        (SELECT a.name FROM apps a WHERE a.id = w.app_id) AS app_name,
@@ -40,10 +45,13 @@ RETURNING *;
 WITH a AS (
     UPDATE apps SET paused_at = NULL WHERE project_id = $1 AND id = $2 RETURNING *
 ),
-r AS (
-    UPDATE runs SET paused = false, ready_at = least(runs.created_at, runs.deadline_at)
-    FROM a
-    WHERE runs.paused AND runs.app_id = a.id
-    RETURNING runs.id
+aside AS MATERIALIZED (
+    SELECT runs.id, runs.project_id FROM runs JOIN a ON runs.app_id = a.id
+    WHERE runs.paused
+    ORDER BY runs.id
+    FOR UPDATE OF runs
+),
+r AS MATERIALIZED (
+    SELECT id FROM aside WHERE run_resume(id, project_id)
 )
 SELECT a.*, (SELECT count(*) FROM r) AS resumed, pg_notify('stepline_wake', '') FROM a;

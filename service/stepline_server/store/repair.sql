@@ -2,13 +2,13 @@
 -- open wait that something outside can complete. The check finds any run without one.
 
 -- name: repair_stuck_runs
--- Up to $1 runs not ended that have no way forward, made due now (woken, their history says
--- run.repaired): no lease (or one whose invocation's orchestrator is gone: lapsed, with no
+-- Up to $1 runs not ended that have no way forward, made due now (run_repair: woken, their
+-- history says run.repaired): no lease (or one whose invocation's orchestrator is gone: lapsed, with no
 -- due time), no due time, not held by a concurrency cap or set aside by a pause (a release or
 -- a resume is their way forward), not gathering a debounce's or a batch's starts (its firing
 -- is), and no step waiting for a callback, an event or a child run. Answers the runs repaired. Read through runs_without_due, which holds only the runs
 -- with no due time, so the check costs what few such runs there are.
-WITH stuck AS (
+WITH stuck AS MATERIALIZED (
     SELECT r.id FROM runs r
     WHERE r.ready_at IS NULL AND r.ended_at IS NULL AND NOT r.held AND NOT r.paused
       AND NOT EXISTS (SELECT 1 FROM run_gatherings g WHERE g.run_id = r.id)
@@ -20,17 +20,10 @@ WITH stuck AS (
     LIMIT $1
     FOR UPDATE OF r SKIP LOCKED
 ),
-woken AS (
-    UPDATE runs SET ready_at = now(), wake_seq = wake_seq + 1, lease_token = NULL,
-                    lease_owner = NULL
-    FROM stuck WHERE runs.id = stuck.id
-    RETURNING runs.id, runs.project_id, runs.workflow
+woken AS MATERIALIZED (
+    SELECT r.id, r.project_id, r.workflow FROM stuck JOIN runs r ON r.id = stuck.id
+    WHERE run_repair(r.id, r.project_id, 'no lease, no due time and no open wait')
 )
 SELECT id, project_id, workflow, CASE WHEN EXISTS (SELECT 1 FROM woken)
                                       THEN pg_notify('stepline_wake', '') END
-FROM woken
-CROSS JOIN LATERAL (
-    SELECT append_run_events(woken.id, woken.project_id, jsonb_build_array(jsonb_build_object(
-        'type', 'run.repaired',
-        'data', jsonb_build_object('reason', 'no lease, no due time and no open wait')))) AS seq
-) h;
+FROM woken;

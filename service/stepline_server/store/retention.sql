@@ -35,13 +35,16 @@ WHERE t.schedule_id = old.schedule_id AND t.tick_at = old.tick_at;
 
 -- name: delete_old_history
 -- Up to $2 history events older than $1 seconds of runs still going after that long (long-lived
--- runs): their steps stay, so replay is unchanged; the history starts later.
+-- runs): their steps stay, so replay is unchanged; the history starts later. Each run's last
+-- event stays (append_run_events numbers after it: a run's seqs never restart, and a
+-- follower's ?after= cursor stays valid; one appended meanwhile is newer still).
 DELETE FROM run_events e USING (
     SELECT ev.run_id, ev.seq
     FROM runs r JOIN run_events ev ON ev.run_id = r.id
     WHERE r.ended_at IS NULL
       AND r.created_at < now() - make_interval(secs => $1::double precision)
       AND ev.at < now() - make_interval(secs => $1::double precision)
+      AND ev.seq < (SELECT max(l.seq) FROM run_events l WHERE l.run_id = ev.run_id)
     LIMIT $2
     FOR UPDATE OF ev SKIP LOCKED
 ) old

@@ -129,9 +129,8 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
 -- name: request_cancel
-UPDATE runs SET status = 'cancelling', cancel_requested = true, version = version + 1
-WHERE id = $1 AND status = 'running'
-RETURNING id;
+-- Run $1, if running, becomes cancelling (run_request_cancel); no row otherwise.
+SELECT id FROM runs WHERE id = $1 AND run_request_cancel(id, project_id);
 
 -- name: lock_run
 SELECT * FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
@@ -159,15 +158,10 @@ WHERE (o.project_id, o.workflow, o.singleton_key)
   AND o.ended_at IS NULL AND o.id <> $1;
 
 -- name: restart_run
--- Run $1 goes again; its trigger becomes $2 when given (a retry asked for by a person).
-UPDATE runs SET
-    trigger = coalesce($2::text, trigger),
-    status = 'running', output = NULL, error = NULL, ended_at = NULL, cancel_requested = false,
-    invoke_attempts = 0, undelivered_since = NULL, ready_at = now(), lease_token = NULL,
-    version = version + 1, history_snapshot = NULL, history_invocation = NULL,
-    deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
-WHERE id = $1
-RETURNING *;
+-- Run $1 goes again (run_restart); its trigger becomes $2 when given (a retry asked for by a
+-- person).
+SELECT x.* FROM runs r CROSS JOIN LATERAL run_restart(r.id, r.project_id, $2::text) x
+WHERE r.id = $1;
 
 -- name: active_singleton
 -- The run of workflow $2 (project $1) not ended whose singleton key is input $3's field $4.
