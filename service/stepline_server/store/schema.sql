@@ -697,43 +697,48 @@ CREATE INDEX alert_notifications_settled ON alert_notifications (created_at) WHE
 -- Run transitions: append_run_events (the only writer of a run's history)
 -- and the functions that each move one run, keyed by the run and its project.
 CREATE FUNCTION append_run_events(p_run uuid, p_project uuid, p_events jsonb,
-                                  p_invocation uuid DEFAULT NULL)
+                                  p_invocation uuid DEFAULT NULL, p_locked boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    n integer := coalesce(jsonb_array_length(p_events), 0);
     base bigint;
 BEGIN
     -- Appends p_events (a JSON array of {type, step_name, invocation_id, deployment_id,
     -- http_status, duration_ms, data, at}; invocation_id defaults to p_invocation, at to now())
     -- to run p_run's history, numbered after its last event; answers the first event's seq
     -- (NULL when p_events is empty or the run is not p_project's). The run's row is locked
-    -- first (its transition has locked or updated it already: then this is cheap, no new row
-    -- version),
-    -- so two transactions appending to one run take turns and the seqs have no gap; the
-    -- numbering reads the run's last event after the lock (a new snapshot: what the previous
-    -- holder appended is seen). The only writer of run_events.
-    IF n = 0 THEN
+    -- first, unless p_locked says this transaction has locked or updated it already (a
+    -- transition that has just updated the run passes true: no second lock of the row), so
+    -- two transactions appending to one run take turns and the seqs have no gap; the numbering
+    -- reads the run's last event after the lock (a new snapshot: what the previous holder
+    -- appended is seen), in the statement that inserts. The only writer of run_events.
+    IF coalesce(jsonb_array_length(p_events), 0) = 0 THEN
         RETURN NULL;
     END IF;
-    PERFORM FROM runs WHERE id = p_run AND project_id = p_project FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    IF NOT p_locked THEN
+        PERFORM FROM runs WHERE id = p_run AND project_id = p_project FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
     END IF;
-    SELECT coalesce(max(seq), 0) + 1 INTO base FROM run_events WHERE run_id = p_run;
-    INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
-                            deployment_id, http_status, duration_ms, data)
-    SELECT p_run, base + x.ord - 1, p_project, coalesce(x.at, now()), x.type, x.step_name,
-           coalesce(x.invocation_id, p_invocation), x.deployment_id, x.http_status,
-           x.duration_ms, x.data
-    FROM ROWS FROM (jsonb_to_recordset(p_events) AS (
-        type run_event_type, step_name text, invocation_id uuid, deployment_id text,
-        http_status integer, duration_ms integer, data jsonb, at timestamptz))
-        WITH ORDINALITY AS x(type, step_name, invocation_id, deployment_id, http_status,
-                             duration_ms, data, at, ord);
+    WITH added AS (
+        INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
+                                deployment_id, http_status, duration_ms, data)
+        SELECT p_run, last.seq + x.ord, p_project, coalesce(x.at, now()), x.type, x.step_name,
+               coalesce(x.invocation_id, p_invocation), x.deployment_id, x.http_status,
+               x.duration_ms, x.data
+        FROM (SELECT coalesce(max(e.seq), 0) AS seq FROM run_events e WHERE e.run_id = p_run) last,
+             ROWS FROM (jsonb_to_recordset(p_events) AS (
+                 type run_event_type, step_name text, invocation_id uuid, deployment_id text,
+                 http_status integer, duration_ms integer, data jsonb, at timestamptz))
+                 WITH ORDINALITY AS x(type, step_name, invocation_id, deployment_id,
+                                      http_status, duration_ms, data, at, ord)
+        RETURNING seq
+    )
+    SELECT min(seq) INTO base FROM added;
     RETURN base;
 END
 $$;
-COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid) IS 'Appends events to a run''s history, numbered after its last event under the run''s row lock, and answers the first one''s seq: the only writer of run_events.';
+COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid, boolean) IS 'Appends events to a run''s history, numbered after its last event under the run''s row lock (taken here unless p_locked), and answers the first one''s seq: the only writer of run_events.';
 
 CREATE FUNCTION run_wake(p_run uuid, p_project uuid, p_events jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
@@ -1086,7 +1091,7 @@ BEGIN
         logs_dropped = runs.logs_dropped + dropped + coalesce(p_logs_dropped, 0)
     WHERE id = p_run
     RETURNING runs.cancel_requested INTO cancel_requested;
-    base := append_run_events(p_run, p_project, p_events, p_invocation);
+    base := append_run_events(p_run, p_project, p_events, p_invocation, true);
     IF p_changes IS NOT NULL THEN
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
                             error, ended_at, wake_at, timeout_at, callback_id, child_run_id,
@@ -1181,7 +1186,7 @@ BEGIN
                      ORDER BY c.name)
     INTO closed FROM c;
     PERFORM append_run_events(p_run, p_project, coalesce(closed, '[]'::jsonb)
-        || jsonb_build_array(jsonb_build_object('type', p_event, 'data', p_data)));
+        || jsonb_build_array(jsonb_build_object('type', p_event, 'data', p_data)), NULL, true);
     -- Alerts (alerts.sql): a run ending failed or timedOut records one notification per alert
     -- listening for it (run.failed, run.timedOut, and app.unreachable for a failure with code
     -- app_unreachable), at most one per alert, run and type.
@@ -1310,7 +1315,7 @@ BEGIN
         RETURNING runs.id, evs.events
     ),
     history AS (
-        SELECT append_run_events(p_run, p_project, r.events) AS seq FROM r
+        SELECT append_run_events(p_run, p_project, r.events, NULL, true) AS seq FROM r
     ),
     size AS (
         SELECT count(*) AS steps, coalesce(sum(a.output_bytes), 0)::bigint AS bytes
