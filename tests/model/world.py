@@ -136,7 +136,7 @@ class World:
         # The doomed run's app has a worker of its own: one it kills loses no other run's try.
         doomed = await self.call("POST", "/v1/apps", {"name": "model-doomed", "kind": "pull"})
         self.doomed_slug = doomed["slug"]
-        argv = self._worker_argv("doomed", self.doomed_slug, self.orchestrators[0])
+        argv = self._doomed_argv(self.orchestrators[0])
         env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
         self.doomed_worker = Proc("doomed-worker", argv, env, "", self.workdir / "wd.log")
         self.doomed_worker.start()
@@ -227,13 +227,20 @@ class World:
             await asyncio.sleep(0.01)
         return f"http://127.0.0.1:{port}"
 
-    def _worker_argv(self, attr: str, slug: str, orch: Proc) -> list[str]:
+    def _worker_argv(self, attr: str, slug: str, orch: Proc, concurrency: int = 4) -> list[str]:
         """A ``stepline worker`` of ``tests.model.pull_app``'s ``attr`` for app ``slug``,
         polling ``orch``."""
         return stepline_argv(
             "worker", f"tests.model.pull_app:{attr}", "--app", slug, "--url", orch.url,
-            "--api-key", self.key, "--wait", "5", "--concurrency", "4", "--drain", "1",
+            "--api-key", self.key, "--wait", "5", "--concurrency", str(concurrency),
+            "--drain", "1",
         )  # fmt: skip
+
+    def _doomed_argv(self, orch: Proc) -> list[str]:
+        """The doomed app's worker, polling ``orch``: one invocation at a time, so that each
+        it claims runs its step (two claimed at once: the first step run would kill the
+        other's try before its step ran)."""
+        return self._worker_argv("doomed", self.doomed_slug, orch, concurrency=1)
 
     def revive_workers(self) -> None:
         """Start again each worker that died: the model's (a kill, a fault that touches the
@@ -247,7 +254,7 @@ class World:
         if doomed is not None and doomed.proc is not None and doomed.proc.poll() is not None:
             self.doomed_deaths += 1
             orch = self.orchestrators[self.doomed_deaths % ORCHESTRATORS]
-            doomed.argv = self._worker_argv("doomed", self.doomed_slug, orch)
+            doomed.argv = self._doomed_argv(orch)
             doomed.start()
 
     def kill_worker(self, which: int) -> None:
