@@ -1,7 +1,9 @@
-"""The model test's pull app, run by ``stepline worker tests.model.pull_app:sl`` processes: the
-model's workflows named ``pull-…``, and ``pull-doomed``, whose step kills its worker
-(``kill -9`` of itself) every time. Each step execution is appended to the file
-``STEPLINE_MODEL_RECORD`` names (one JSON line; every worker appends to the same file)."""
+"""The model test's pull apps, run by ``stepline worker`` processes: ``tests.model.pull_app:sl``,
+the model's workflows named ``pull-…``, and ``tests.model.pull_app:doomed``, another app with
+only ``pull-doomed``, whose step kills its worker (``kill -9`` of itself) every time (its own
+worker, so that no other run's invocation is lost with it). Each step execution is appended to
+the file ``STEPLINE_MODEL_RECORD`` names (one JSON line; every worker appends to the same
+file)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import stepline
-from tests.model.app import Execution, Executions, build
+from tests.model.app import SECRET, Execution, Executions, build
 
 PREFIX = "pull-"
 
@@ -45,12 +47,17 @@ def read(path: Path) -> list[Execution]:
     return [Execution(**json.loads(line)) for line in path.read_text().splitlines() if line]
 
 
-def make() -> stepline.Stepline:
-    ex = Recorded(Path(os.environ.get("STEPLINE_MODEL_RECORD", "model-pull.jsonl")))
-    sl = build(ex, prefix=PREFIX)
+def recorded() -> Recorded:
+    return Recorded(Path(os.environ.get("STEPLINE_MODEL_RECORD", "model-pull.jsonl")))
+
+
+def make_doomed() -> stepline.Stepline:
+    """The app of ``pull-doomed`` alone."""
+    ex = recorded()
+    sl = stepline.Stepline(SECRET)
 
     @sl.workflow(PREFIX + "doomed")
-    async def doomed(ctx: stepline.Context, input: dict[str, Any]) -> None:
+    async def doomed_workflow(ctx: stepline.Context, input: dict[str, Any]) -> None:
         def die() -> None:
             ex.step(ctx.run_id, "a", input["tag"], 1)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -60,4 +67,5 @@ def make() -> stepline.Stepline:
     return sl
 
 
-sl = make()
+sl = build(recorded(), prefix=PREFIX)
+doomed = make_doomed()

@@ -6,10 +6,10 @@ retried or always fail (poison), deliveries the app refuses (HTTP 500 or 503 for
 and resume of a workflow, cancel and retry one by one and in bulk (a batch of runs by their keys'
 prefix, while another environment's bulk retry waits for room), an app restart (its kept histories
 and parked executions gone), a ``kill -9`` of either orchestrator or of a pull worker (mid-step,
-maybe), a pull run whose step kills its worker every time, an app fleet of two protocol versions,
-new deployments of the app (a run is only ever invoked at its own), and a PostgreSQL restart. A
-reference model (``Expected``) says what each run waits for,
-in order, and how it must end.
+maybe), a pull run whose step kills its worker every time (another pull app's, with a worker of
+its own), an app fleet of two protocol versions, new deployments of the app (a run is only ever
+invoked at its own), and a PostgreSQL restart. A reference model (``Expected``) says what each
+run waits for, in order, and how it must end.
 
 After every rule, what a user is promised (``promises``): each run's history well formed; every
 acknowledged callback and event in the history of the run it was meant for, once, and nothing
@@ -297,7 +297,8 @@ class RunMachine(RuleBasedStateMachine):
         return dict(await bounded(ended, lambda: self.describe(run)))
 
     def touched(self, run: Expected) -> bool:
-        return run.born_epoch != self.world.app.ex.epoch
+        """A fault came after the run started (a doomed run's own step is one)."""
+        return run.doomed or run.born_epoch != self.world.app.ex.epoch
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -499,7 +500,8 @@ class RunMachine(RuleBasedStateMachine):
     @rule()
     def start_doomed(self) -> None:
         """A pull run whose step kills its worker every time: it must end app_unreachable
-        (its worker is started again each time, and each time dies)."""
+        (its worker is started again each time, polling the other orchestrator, and each time
+        dies). The worker is its app's alone: no other run's invocation is lost with it."""
         tag = f"t{next(_tags)}-{time.monotonic_ns() % 10**9}"
         input = {"tag": tag, "callback": False, "event": False, "child": False, "generations": 1}
         made = self.call("POST", "/v1/runs", {"workflow": PULL + "doomed", "input": input})

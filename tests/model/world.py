@@ -1,8 +1,10 @@
 """The model test's world: a private PostgreSQL cluster, two live orchestrator processes on one
 database (``stepline serve``, either killed with ``kill -9`` and started again), the push app,
 served in this process on an event loop of its own (the test's rules are synchronous and call
-into it), and a pull app's two worker processes (``stepline worker``, one polling each
-orchestrator; a worker that died is started again). REST calls go to the orchestrators in
+into it), a pull app's two worker processes (``stepline worker``, one polling each
+orchestrator; a worker that died is started again), and the doomed pull app's worker (its step
+kills it every time; started again, it polls the other orchestrator, so that each lapsed lease
+is taken over by the orchestrator that did not give it). REST calls go to the orchestrators in
 turn."""
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class World:
         self.pg_restarts = 0
         self.pg_restart_times: list[float] = []  # when each began (epoch seconds)
         self.workers: list[Proc] = []
+        self.doomed_worker: Proc | None = None  # the doomed pull app's (pull_app.doomed)
+        self.doomed_slug = ""
+        self.doomed_deaths = 0  # how often it was started again (each time: the other orch)
         self.record = self.workdir / "pull.jsonl"
         self._env: dict[str, str] = {}
         self.app_urls: list[str] = []  # the push app's two deployments' URLs
@@ -124,17 +129,24 @@ class World:
         await self.call("POST", f"/v1/apps/{made['slug']}/sync")
         pull = await self.call("POST", "/v1/apps", {"name": "model-pull", "kind": "pull"})
         for i in range(WORKERS):
-            argv = stepline_argv(
-                "worker", "tests.model.pull_app:sl", "--app", pull["slug"],
-                "--url", self.orchestrators[i % ORCHESTRATORS].url, "--api-key", self.key,
-                "--wait", "5", "--concurrency", "4", "--drain", "1",
-            )  # fmt: skip
+            argv = self._worker_argv("sl", pull["slug"], self.orchestrators[i % ORCHESTRATORS])
             env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
             self.workers.append(Proc(f"worker{i}", argv, env, "", self.workdir / f"w{i}.log"))
             self.workers[-1].start()
+        # The doomed run's app has a worker of its own: one it kills loses no other run's try.
+        doomed = await self.call("POST", "/v1/apps", {"name": "model-doomed", "kind": "pull"})
+        self.doomed_slug = doomed["slug"]
+        argv = self._doomed_argv(self.orchestrators[0])
+        env = {**self._env, "STEPLINE_MODEL_RECORD": str(self.record)}
+        self.doomed_worker = Proc("doomed-worker", argv, env, "", self.workdir / "wd.log")
+        self.doomed_worker.start()
         deadline = time.monotonic() + 60
-        while pull_app.PREFIX + "flow" not in str(await self.call("GET", "/v1/workflows")):
-            assert time.monotonic() < deadline, "the pull app's workers never synced"
+        while not all(
+            pull_app.PREFIX + name in shown
+            for shown in [str(await self.call("GET", "/v1/workflows"))]
+            for name in ("flow", "doomed")
+        ):
+            assert time.monotonic() < deadline, "the pull apps' workers never synced"
             await asyncio.sleep(0.1)
         if self.fleet:
             await self._start_fleet()
@@ -215,12 +227,35 @@ class World:
             await asyncio.sleep(0.01)
         return f"http://127.0.0.1:{port}"
 
+    def _worker_argv(self, attr: str, slug: str, orch: Proc, concurrency: int = 4) -> list[str]:
+        """A ``stepline worker`` of ``tests.model.pull_app``'s ``attr`` for app ``slug``,
+        polling ``orch``."""
+        return stepline_argv(
+            "worker", f"tests.model.pull_app:{attr}", "--app", slug, "--url", orch.url,
+            "--api-key", self.key, "--wait", "5", "--concurrency", str(concurrency),
+            "--drain", "1",
+        )  # fmt: skip
+
+    def _doomed_argv(self, orch: Proc) -> list[str]:
+        """The doomed app's worker, polling ``orch``: one invocation at a time, so that each
+        it claims runs its step (two claimed at once: the first step run would kill the
+        other's try before its step ran)."""
+        return self._worker_argv("doomed", self.doomed_slug, orch, concurrency=1)
+
     def revive_workers(self) -> None:
-        """Start again each worker that died (a step that kills its worker)."""
+        """Start again each worker that died: the model's (a kill, a fault that touches the
+        runs it held) and the doomed app's (its step kills it every time; it touches no other
+        run), which then polls the other orchestrator."""
         for worker in self.workers:
             if worker.proc is not None and worker.proc.poll() is not None:
                 self.app.ex.epoch += 1
                 worker.start()
+        doomed = self.doomed_worker
+        if doomed is not None and doomed.proc is not None and doomed.proc.poll() is not None:
+            self.doomed_deaths += 1
+            orch = self.orchestrators[self.doomed_deaths % ORCHESTRATORS]
+            doomed.argv = self._doomed_argv(orch)
+            doomed.start()
 
     def kill_worker(self, which: int) -> None:
         """``kill -9`` of worker ``which`` (mid-step, maybe), started again at once."""
@@ -310,7 +345,8 @@ class World:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.run(self._stop(), timeout=60)
-        for proc in self.workers + self.replicas + self.orchestrators:
+        doomed = [self.doomed_worker] if self.doomed_worker else []
+        for proc in self.workers + doomed + self.replicas + self.orchestrators:
             proc.close()
         self.pg.remove()
         self.loop.call_soon_threadsafe(self.loop.stop)
