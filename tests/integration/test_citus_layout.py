@@ -37,12 +37,12 @@ KNOWN_REFUSED = frozenset(
         "claim_due",
         "claim_pull",
         "claim_rate_limited",
+        "defer_rate_limited",
         "delete_old_events",
         "delete_old_history",
         "delete_old_runs",
         "delete_old_ticks",
         "end_runs",
-        "fire_gatherings",
         "heartbeat",
         "lease_now",
         "lost_pull_leases",
@@ -55,7 +55,8 @@ KNOWN_REFUSED = frozenset(
         "pull_lease",
         "release_held",
         "repair_stuck_runs",
-        "restart_run",
+        "resume_app",
+        "resume_workflow",
         "suspend_runs",
     ]
 )
