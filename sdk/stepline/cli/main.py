@@ -57,7 +57,9 @@ def server_cli() -> ModuleType | None:
         try:
             module = entry.load()
         except ImportError as exc:
-            if (exc.name or "").partition(".")[0] not in _SERVER_MODULES:
+            # The orchestrator itself or one of its dependencies is missing: no server extra.
+            missing = (exc.name or "").partition(".")[0]
+            if missing not in _SERVER_MODULES and missing != entry.module.partition(".")[0]:
                 raise
             return None
         if isinstance(module, ModuleType):
