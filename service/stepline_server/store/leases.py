@@ -16,7 +16,6 @@ import uuid
 from dataclasses import dataclass
 
 from stepline.protocol import INLINE_RESULT_BYTES
-
 from stepline_server.engine.transitions import Claim
 from stepline_server.store import claims
 from stepline_server.store.claims import Lease
