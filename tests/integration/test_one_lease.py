@@ -187,9 +187,10 @@ async def test_a_run_taken_at_once_is_leased_and_begun_in_one_statement(
 ) -> None:
     """Taking a run at once is one statement: the run is leased, what came due is settled
     (the begin reads the lease written before it in the same statement) and invocation.started
-    is recorded once; the steps come back in recorded order with the claim."""
-    conn = await db.connect(database_url)
-    try:
+    is recorded once; the steps come back in recorded order with the claim. (On a pooled
+    connection, as the orchestrator's: the schema's enums are read as text there.)"""
+    pool = await db.create_pool(database_url, min_size=1, max_size=1)
+    async with pool.acquire() as conn:
         await _app(conn, [("free", {})])
         run_id = await _start(conn, "free", {"n": 1})
         await conn.execute(
@@ -235,8 +236,7 @@ async def test_a_run_taken_at_once_is_leased_and_begun_in_one_statement(
         assert [(r["invocation_id"], r["data"]) for r in started] == [
             (claim.invocation_id, {"attempt": 1})
         ]
-    finally:
-        await conn.close()
+    await pool.close()
 
 
 async def test_a_run_taken_at_once_past_its_deadline_or_not_leasable_is_not_begun(

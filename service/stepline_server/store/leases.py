@@ -48,7 +48,7 @@ async def take_now(
     if not rows:
         return None
     first = rows[0]
-    claim = Claim.of(first["claim"])
+    claim = Claim.of({**first, "status": first["run_status"]})
     if first["wait_s"] is None:  # past its deadline (run_begin always answers wait_s)
         return Taken(claim, None)
     begun = claims.Begun.of(first)
