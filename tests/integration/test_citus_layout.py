@@ -44,7 +44,7 @@ KNOWN_REFUSED = frozenset(
         "delete_old_ticks",
         "end_runs",
         "heartbeat",
-        "lease_now",
+        "lease_begin_now",  # (lease_now was, before the begin joined it)
         "lost_pull_leases",
         "move_deployment_runs",
         "next_pull_due_in",

@@ -180,3 +180,95 @@ async def test_a_paused_workflows_runs_are_set_aside_and_go_in_order_on_resume(
         assert [r["id"] for r in await claims.claim(conn, "here", 60, 1)] == [new]
     finally:
         await conn.close()
+
+
+async def test_a_run_taken_at_once_is_leased_and_begun_in_one_statement(
+    database_url: str,
+) -> None:
+    """Taking a run at once is one statement: the run is leased, what came due is settled
+    (the begin reads the lease written before it in the same statement) and invocation.started
+    is recorded once; the steps come back in recorded order with the claim. (On a pooled
+    connection, as the orchestrator's: the schema's enums are read as text there.)"""
+    pool = await db.create_pool(database_url, min_size=1, max_size=1)
+    async with pool.acquire() as conn:
+        await _app(conn, [("free", {})])
+        run_id = await _start(conn, "free", {"n": 1})
+        await conn.execute(
+            """INSERT INTO steps (run_id, name, project_id, kind, status, position, output,
+                                  wake_at)
+               VALUES ($1, 'b', $2, 'run', 'completed', 1, '{"x": 1}', NULL),
+                      ($1, 'a', $2, 'sleep', 'sleeping', 2, NULL, now() - interval '1 second')""",
+            run_id, P,
+        )  # fmt: skip
+        # (A first take on the connection also reads the claim's composite type: not counted.)
+        async with conn.transaction():
+            assert await leases.take_now(conn, await _start(conn, "free"), leases.Lease("x", 60))
+        statements: list[str] = []
+
+        def log(record: Any) -> None:
+            statements.append(record.query)
+
+        async with conn.transaction():
+            conn.add_query_logger(log)
+            taken = await leases.take_now(conn, run_id, leases.Lease("here", 60))
+            conn.remove_query_logger(log)
+        assert statements == [db.Q["lease_begin_now"]]
+        assert taken is not None and taken.begun is not None
+        claim = taken.claim
+        assert claim.id == run_id and claim.input == {"n": 1} and claim.workflow == "free"
+        assert [(s["name"], s["status"]) for s in taken.begun.steps] == [
+            ("b", "completed"),
+            ("a", "completed"),  # the sleep came due: settled by the begin
+        ]
+        assert taken.begun.steps[0]["output"] == {"x": 1}
+        assert taken.begun.history_base is None and taken.begun.history_steps == 2
+        row = await conn.fetchrow(
+            "SELECT lease_token, lease_owner, history_invocation FROM runs WHERE id = $1", run_id
+        )
+        assert row is not None
+        assert (row["lease_token"], row["lease_owner"]) == (claim.lease_token, "here")
+        assert row["history_invocation"] == claim.invocation_id
+        started = await conn.fetch(
+            """SELECT invocation_id, data FROM run_events
+               WHERE run_id = $1 AND type = 'invocation.started'""",
+            run_id,
+        )
+        assert [(r["invocation_id"], r["data"]) for r in started] == [
+            (claim.invocation_id, {"attempt": 1})
+        ]
+    await pool.close()
+
+
+async def test_a_run_taken_at_once_past_its_deadline_or_not_leasable_is_not_begun(
+    database_url: str,
+) -> None:
+    """A run past its deadline is leased (to be ended) but not begun; a run another holds,
+    or a pull app's, is neither; none records invocation.started."""
+    conn = await db.connect(database_url)
+    try:
+        await _app(conn, [("free", {})])
+        pull_app = await apps.create(conn, P, "pulled", None, "s", kind="pull")
+        assert pull_app is not None
+        await apps.record_sync(conn, pull_app, [("pulled", {})], None)
+        late = await _start(conn, "free")
+        await conn.execute(
+            "UPDATE runs SET deadline_at = now() - interval '1 second' WHERE id = $1", late
+        )
+        held = await _start(conn, "free")
+        await conn.execute(
+            "UPDATE runs SET lease_token = 'theirs', ready_at = now() + interval '1 minute'"
+            " WHERE id = $1",
+            held,
+        )
+        pulled = await _start(conn, "pulled")
+        async with conn.transaction():
+            taken = await leases.take_now(conn, late, leases.Lease("here", 60))
+            assert await leases.take_now(conn, held, leases.Lease("here", 60)) is None
+            assert await leases.take_now(conn, pulled, leases.Lease("here", 60)) is None
+        assert taken is not None and taken.begun is None
+        assert taken.claim.past_deadline and taken.claim.lease_token is not None
+        assert not await conn.fetchval(
+            "SELECT count(*) FROM run_events WHERE type = 'invocation.started'"
+        )
+    finally:
+        await conn.close()

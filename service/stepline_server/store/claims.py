@@ -241,7 +241,9 @@ async def begin_invocations(
     record the invocation starting. Answers what to send each run begun (a run missing from the
     answer was not begun: its lease is gone): its steps, all of them or only what changed since
     the history its last invocation was sent (see :class:`Begun`). A result over ``inline_max``
-    bytes is not read: its row has ``output`` None beside ``output_bytes``."""
+    bytes is not read: its row has ``output`` None beside ``output_bytes``. (A claim's group
+    begins here in a statement of its own; a run taken at once is leased and begun in one:
+    :func:`stepline_server.store.leases.take_now`.)"""
     if not starts:
         return {}
     begun = [
@@ -258,13 +260,7 @@ async def begin_invocations(
     for row in await conn.fetch(Q["begin_invocations"], begun, lead, inline_max):
         run = answer.get(row["run_id"])
         if run is None:
-            run = answer[row["run_id"]] = Begun(
-                steps=[],
-                wait_s=row["wait_s"],
-                history_base=row["history_base"],
-                history_steps=row["history_steps"],
-                history_bytes=row["history_bytes"],
-            )
+            run = answer[row["run_id"]] = Begun.of(row)
         if row["name"] is not None:
             run.steps.append(row)
     return answer
@@ -283,6 +279,17 @@ class Begun:
     history_base: uuid.UUID | None
     history_steps: int
     history_bytes: int
+
+    @classmethod
+    def of(cls, row: Record) -> Begun:
+        """What a begin answered, from its first row (run_begin's shape), its steps to come."""
+        return cls(
+            steps=[],
+            wait_s=row["wait_s"],
+            history_base=row["history_base"],
+            history_steps=row["history_steps"],
+            history_bytes=row["history_bytes"],
+        )
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,13 @@
 """Leasing one run at once, outside the claim loops: a run just started or just woken by a
 callback goes to the orchestrator that handled the request, through the one lease transition
-(``lease_runs`` in the database: every claim calls it, so its fence and pausing hold here too).
+(``lease_runs`` in the database: every claim calls it, so its fence and pausing hold here too),
+and its invocation begins (``run_begin``) in the same statement: one round trip.
+
+The dispatcher's and pull's claims keep leasing and beginning apart on purpose
+(:func:`claims.begin_invocations`): the dispatcher's claim commits at once and what it claimed
+begins in groups on another connection, with the timer lead, so a claim never waits on a begin;
+a pull poll ends its runs past their deadline first and begins the rest as its worker reads
+history (deltas or not).
 """
 
 from __future__ import annotations
@@ -8,6 +15,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine.transitions import Claim
 from stepline_server.store import claims
 from stepline_server.store.claims import Lease
@@ -25,22 +33,24 @@ class Taken:
     begun: claims.Begun | None
 
 
-async def take_now(conn: Conn, run_id: uuid.UUID, lease: Lease) -> Taken | None:
+async def take_now(
+    conn: Conn, run_id: uuid.UUID, lease: Lease, inline_max: int = INLINE_RESULT_BYTES
+) -> Taken | None:
     """Lease run ``run_id`` under ``lease`` and begin its invocation when
     nothing gates it (a pull app's run, a capped or rate-limited one wait for their claims);
-    None when it was not leased. In the caller's transaction (the one that started or woke the
-    run, so one commit does both)."""
-    row = await conn.fetchrow(
-        Q["lease_now"], run_id, lease.owner, lease.seconds, list(lease.holding),
-        lease.takeovers,
+    None when it was not leased. One statement (``lease_begin_now``), in the caller's
+    transaction (the one that started or woke the run, so one commit does both). A result over
+    ``inline_max`` bytes is not read (as :func:`claims.begin_invocations`)."""
+    rows = await conn.fetch(
+        Q["lease_begin_now"], run_id, lease.owner, lease.seconds, list(lease.holding),
+        lease.takeovers, inline_max,
     )  # fmt: skip
-    if row is None:
+    if not rows:
         return None
-    claim = Claim.of(row)
-    if claim.past_deadline:
+    first = rows[0]
+    claim = Claim.of({**first, "status": first["run_status"]})
+    if first["wait_s"] is None:  # past its deadline (run_begin always answers wait_s)
         return Taken(claim, None)
-    start = claims.Begin(
-        claim.id, claim.lease_token, claim.invocation_id, claim.invoke_attempts + 1
-    )
-    begun = await claims.begin_invocations(conn, [start])
-    return Taken(claim, begun.get(claim.id))
+    begun = claims.Begun.of(first)
+    begun.steps.extend(row for row in rows if row["name"] is not None)
+    return Taken(claim, begun)

@@ -8,7 +8,7 @@
 -- exists ($13: the event that started it; $14: its priority; the input's concurrency, singleton
 -- and rate limit key fields are read as the workflow's options name them). A run of a pull app
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
--- once leases it in the same transaction (lease_now). $15: the id the event's sender gave.
+-- once leases it in the same transaction (lease_begin_now). $15: the id the event's sender gave.
 -- $16: the run gathers a debounce's or a batch's starts: it has no due time (and wakes no
 -- dispatcher) until the gathering fires (fire_gatherings). The run is on its app's current
 -- deployment.
