@@ -272,6 +272,15 @@ async def test_wake_makes_a_run_due_with_what_woke_it_and_leaves_an_ended_run_al
         await conn.close()
 
 
+async def _invoked(conn: db.Conn) -> tuple[uuid.UUID, str, uuid.UUID, int]:
+    """A run leased to an invocation: its id, lease token, invocation id and events so far."""
+    run_id = await _run(conn)
+    token = await _leased(conn, run_id)
+    invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
+    events = await conn.fetchval("SELECT count(*) FROM run_events WHERE run_id = $1", run_id)
+    return run_id, token, invocation, events
+
+
 _PROGRESS = (
     "SELECT applied, cancel_requested FROM run_progress($1, $2, $3, $4,"
     ' \'[{"type": "step.completed", "step_name": "a"}]\', $5, $6, 0,'
@@ -288,12 +297,9 @@ async def test_progress_is_fenced_by_the_lease_and_replays_once(database_url: st
     digest (a second execution) answers no row."""
     conn = await db.connect(database_url)
     try:
-        run_id = await _run(conn)
+        run_id, token, invocation, events = await _invoked(conn)
         project = keys.DEFAULT_PROJECT
-        token = await _leased(conn, run_id)
-        invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
         count = "SELECT count(*) FROM run_events WHERE run_id = $1"
-        events = await conn.fetchval(count, run_id)
         assert await conn.fetch(_PROGRESS, run_id, project, "stale", invocation, 1, "d") == []
         assert await conn.fetch(_PROGRESS, run_id, project, token, uuid.uuid4(), 1, "d") == []
         assert await conn.fetchval(count, run_id) == events
@@ -314,6 +320,92 @@ async def test_progress_is_fenced_by_the_lease_and_replays_once(database_url: st
         assert position == events + 1
     finally:
         await conn.close()
+
+
+async def _blocked(database_url: str, conn: db.Conn, task: asyncio.Future[object]) -> None:
+    """Waits until ``conn``'s backend waits for a lock (read from pg_stat_activity on a
+    connection of its own, not guessed from timing); fails when ``task`` ended first."""
+    pid = conn.get_server_pid()
+    watcher = await db.connect(database_url)
+    try:
+        for _ in range(1000):
+            assert not task.done(), "the call did not wait for the transaction holding the run"
+            state = await watcher.fetchval(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            if state == "Lock":
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the second connection neither blocked nor finished")
+    finally:
+        await watcher.close()
+
+
+async def test_progress_waiting_on_another_transaction_sees_what_it_committed(
+    database_url: str,
+) -> None:
+    """run_progress fences, checks for a replay and updates in one statement: when another
+    transaction holds the run's row, it waits, and then judges the row as that one left it. A
+    cancel requested meanwhile is answered; the same call sent twice at once is applied once
+    (the second answers applied = false); a line of log written with it is numbered after the
+    first's."""
+    first = await db.connect(database_url)
+    second = await db.connect(database_url)
+    try:
+        run_id, token, invocation, events = await _invoked(first)
+        project = keys.DEFAULT_PROJECT
+        count = "SELECT count(*) FROM run_events WHERE run_id = $1"
+
+        # A cancel request held open: the progress waits for it and answers it.
+        hold = first.transaction()
+        await hold.start()
+        assert await first.fetchval("SELECT run_request_cancel($1, $2)", run_id, project)
+        waiting = asyncio.ensure_future(
+            second.fetchrow(_PROGRESS, run_id, project, token, invocation, 1, "d")
+        )
+        await _blocked(database_url, second, waiting)
+        await hold.commit()
+        answer = await waiting
+        assert answer is not None and answer["applied"] is True
+        assert answer["cancel_requested"] is True
+
+        # The same call twice at once: the second waits for the first and writes nothing.
+        hold = first.transaction()
+        await hold.start()
+        applied = await first.fetchrow(_PROGRESS, run_id, project, token, invocation, 2, "e")
+        assert applied is not None and applied["applied"] is True
+        waiting = asyncio.ensure_future(
+            second.fetchrow(_PROGRESS, run_id, project, token, invocation, 2, "e")
+        )
+        await _blocked(database_url, second, waiting)
+        await hold.commit()
+        again = await waiting
+        assert again is not None and again["applied"] is False
+        assert await first.fetchval(count, run_id) == events + 2
+        assert await first.fetchval("SELECT progress_seq FROM runs WHERE id = $1", run_id) == 2
+
+        # Log lines: each call's lines follow what the run's log holds when it writes.
+        logs = (
+            "SELECT applied FROM run_progress($1, $2, $3, $4, '[]', $5, $6, 0, NULL, NULL,"
+            ' \'[{"ord": 1, "at": "2026-01-01T00:00:00Z", "level": "info", "message": "m",'
+            ' "size": 10}]\', 100, 100000)'
+        )
+        hold = first.transaction()
+        await hold.start()
+        assert await first.fetchval(logs, run_id, project, token, invocation, 3, "f")
+        waiting = asyncio.ensure_future(
+            second.fetchval(logs, run_id, project, token, invocation, 4, "g")
+        )
+        await _blocked(database_url, second, waiting)
+        await hold.commit()
+        assert await waiting is True
+        lines = await first.fetch("SELECT seq FROM run_logs WHERE run_id = $1 ORDER BY seq", run_id)
+        assert [r["seq"] for r in lines] == [1, 2]
+        row = await first.fetchrow("SELECT log_lines, log_bytes FROM runs WHERE id = $1", run_id)
+        assert (row["log_lines"], row["log_bytes"]) == (2, 20)
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_an_end_with_a_stale_token_waiting_for_a_new_lease_ends_nothing(

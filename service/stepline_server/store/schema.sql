@@ -1038,59 +1038,69 @@ BEGIN
     -- limit, or when the call repeats an applied seq with another body (p_digest: a second
     -- execution of the invocation); the same call sent again (same seq and digest: its answer
     -- was lost) answers applied = false and writes nothing. ready_at (indexed) is left alone
-    -- so the run's row is updated in place (one row version); the heartbeat extends the
-    -- lease. Touches only this run's rows.
-    SELECT progress_at, progress_seq, progress_digest, log_lines, log_bytes, logs_dropped,
-           runs.cancel_requested
-    INTO was FROM runs
-    WHERE id = p_run AND project_id = p_project AND lease_token = p_token
-      AND invocation_id = p_invocation AND status IN ('running', 'cancelling')
-      AND (deadline_at IS NULL OR deadline_at > now())
-    FOR UPDATE;
+    -- so the run's row is updated in place; the heartbeat extends the lease. Touches only this
+    -- run's rows.
+    -- The fence, the replay check and the update are one statement: its conditions are
+    -- checked again on the row's latest version when another transaction updated it first,
+    -- and what it answers of the row (the log counts, which only this function changes, and
+    -- cancel_requested) is that version's. The last commit's time (a sleep counts from no
+    -- earlier) is read by the subquery, which sees the row as it was before this update.
+    UPDATE runs r SET
+        progress_at = now(),
+        progress_seq = greatest(r.progress_seq, p_seq),
+        progress_digest = CASE WHEN p_seq > 0 THEN p_digest ELSE r.progress_digest END,
+        logs_dropped = r.logs_dropped + coalesce(p_logs_dropped, 0)
+    WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
+      AND r.invocation_id = p_invocation AND r.status IN ('running', 'cancelling')
+      AND (r.deadline_at IS NULL OR r.deadline_at > now())
+      AND (p_seq = 0 OR r.progress_seq < p_seq)
+    RETURNING r.cancel_requested, r.log_lines, r.log_bytes,
+              r.logs_dropped - coalesce(p_logs_dropped, 0) AS logs_dropped,
+              (SELECT o.progress_at FROM runs o WHERE o.id = p_run) AS progress_at
+    INTO was;
     IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF p_seq <> 0 AND was.progress_seq >= p_seq THEN
-        IF p_seq = was.progress_seq AND p_digest IS NOT DISTINCT FROM was.progress_digest THEN
+        -- Not this invocation's any more, past its time limit, or a seq already applied: the
+        -- same call again (its answer was lost) is told so; anything else writes nothing.
+        SELECT r.cancel_requested INTO was FROM runs r
+        WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
+          AND r.invocation_id = p_invocation AND r.status IN ('running', 'cancelling')
+          AND (r.deadline_at IS NULL OR r.deadline_at > now())
+          AND p_seq <> 0 AND r.progress_seq = p_seq
+          AND r.progress_digest IS NOT DISTINCT FROM p_digest;
+        IF FOUND THEN
             applied := false;
             cancel_requested := was.cancel_requested;
             RETURN NEXT;
         END IF;
         RETURN;
     END IF;
-    -- Each line's seq in the run's log and whether it fits (the run is locked: its counts hold).
-    -- (A part the call does not have costs no statement.)
-    kept := 0;
-    kept_bytes := 0;
-    dropped := 0;
+    cancel_requested := was.cancel_requested;
     IF p_logs IS NOT NULL THEN
-    WITH lines AS (
-        SELECT l.*, was.log_lines + l.ord AS seq,
-               was.logs_dropped = 0 AND was.log_lines + l.ord <= p_max_lines
-               AND was.log_bytes + sum(l.size) OVER (ORDER BY l.ord) <= p_max_bytes AS fits
-        FROM jsonb_to_recordset(coalesce(p_logs, '[]')) AS l(
-            ord integer, at timestamptz, level text, message text, fields jsonb,
-            step_name text, size integer)
-    ),
-    ins AS (
-        INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)
-        SELECT p_run, l.seq, p_project, l.at, l.level, l.message, l.fields, l.step_name
-        FROM lines l WHERE l.fits
-    )
-    SELECT count(*) FILTER (WHERE fits), coalesce(sum(size) FILTER (WHERE fits), 0),
-           count(*) FILTER (WHERE NOT fits)
-    INTO kept, kept_bytes, dropped
-    FROM lines;
+        -- Each line's seq in the run's log and whether it fits (the run is locked by the
+        -- update: its counts hold), then the counts.
+        WITH lines AS (
+            SELECT l.*, was.log_lines + l.ord AS seq,
+                   was.logs_dropped = 0 AND was.log_lines + l.ord <= p_max_lines
+                   AND was.log_bytes + sum(l.size) OVER (ORDER BY l.ord) <= p_max_bytes AS fits
+            FROM jsonb_to_recordset(p_logs) AS l(
+                ord integer, at timestamptz, level text, message text, fields jsonb,
+                step_name text, size integer)
+        ),
+        ins AS (
+            INSERT INTO run_logs (run_id, seq, project_id, at, level, message, fields, step_name)
+            SELECT p_run, l.seq, p_project, l.at, l.level, l.message, l.fields, l.step_name
+            FROM lines l WHERE l.fits
+        )
+        SELECT count(*) FILTER (WHERE fits), coalesce(sum(size) FILTER (WHERE fits), 0),
+               count(*) FILTER (WHERE NOT fits)
+        INTO kept, kept_bytes, dropped
+        FROM lines;
+        UPDATE runs r SET
+            log_lines = r.log_lines + kept,
+            log_bytes = r.log_bytes + kept_bytes,
+            logs_dropped = r.logs_dropped + dropped
+        WHERE r.id = p_run AND (kept > 0 OR dropped > 0);
     END IF;
-    UPDATE runs SET
-        progress_at = now(),
-        progress_seq = greatest(runs.progress_seq, p_seq),
-        progress_digest = CASE WHEN p_seq > 0 THEN p_digest ELSE runs.progress_digest END,
-        log_lines = runs.log_lines + kept,
-        log_bytes = runs.log_bytes + kept_bytes,
-        logs_dropped = runs.logs_dropped + dropped + coalesce(p_logs_dropped, 0)
-    WHERE id = p_run
-    RETURNING runs.cancel_requested INTO cancel_requested;
     base := append_run_events(p_run, p_project, p_events, p_invocation, true);
     IF p_changes IS NOT NULL THEN
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
