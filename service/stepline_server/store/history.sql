@@ -19,9 +19,9 @@ SELECT s.name, s.kind, s.status, s.position, s.attempt,
        CASE WHEN s.output_bytes > $4::integer THEN NULL ELSE s.output END AS output,
        s.output_bytes, s.output_digest, s.error, s.wake_at, s.callback_id, s.child_run_id,
        (SELECT c.status FROM callbacks c
-        WHERE c.id = s.callback_id AND c.run_id = s.run_id) AS callback_status,
+        WHERE c.id = s.callback_id AND c.run_id = $1) AS callback_status,
        coalesce(s.status = 'retrying' AND s.wake_at > now(), false) AS blocked
-FROM runs r LEFT JOIN steps s ON s.run_id = r.id
+FROM runs r LEFT JOIN steps s ON s.run_id = $1
 WHERE r.id = $1 AND r.invocation_id = $2 AND r.lease_token = $3
   AND r.status IN ('running', 'cancelling')
 ORDER BY s.position;

@@ -58,7 +58,7 @@ WHERE r.project_id = $1 AND r.run_key = $2;
 -- of its schedule.
 SELECT r.*, a.slug AS app_slug, a.name AS app_name,
        (SELECT e.deployment_id FROM run_events e
-        WHERE e.run_id = r.id AND e.deployment_id IS NOT NULL
+        WHERE e.run_id = $2 AND e.deployment_id IS NOT NULL
         ORDER BY e.seq DESC LIMIT 1) AS deployment_id,
        (SELECT s.sla_ms FROM schedules s WHERE s.id = r.schedule_id) AS schedule_sla_ms
 FROM runs r JOIN apps a ON a.id = r.app_id
@@ -67,9 +67,11 @@ WHERE r.project_id = $1 AND r.id = $2;
 -- name: run_steps
 -- (The callback's status is looked up per step, so the plan reads callbacks by key whatever the
 -- statistics said when it was made.)
--- (The callback is looked up by its run too: the run's own shard on Citus.)
+-- (The callback is looked up by its run too, and every table by the run's id as given: on Citus
+-- the statement is then one task on the run's shard; a correlated equality alone is not
+-- pruned.)
 SELECT s.*, (SELECT c.status FROM callbacks c
-             WHERE c.id = s.callback_id AND c.run_id = s.run_id) AS callback_status
+             WHERE c.id = s.callback_id AND c.run_id = $1) AS callback_status
 FROM steps s
 WHERE s.run_id = $1 ORDER BY s.position;
 
@@ -191,7 +193,7 @@ SELECT s.seq, s.invocation_id AS id, coalesce((s.data ->> 'attempt')::integer, 1
 FROM run_events s
 LEFT JOIN LATERAL (
     SELECT x.* FROM run_events x
-    WHERE x.run_id = s.run_id AND x.seq > s.seq AND x.type = 'invocation.ended'
+    WHERE x.run_id = $1 AND x.seq > s.seq AND x.type = 'invocation.ended'
       AND x.invocation_id = s.invocation_id
     ORDER BY x.seq LIMIT 1
 ) e ON true
@@ -214,5 +216,5 @@ FROM runs r JOIN apps a ON a.id = r.app_id,
                      count(*) FILTER (WHERE e.type = 'invocation.ended'
                                         AND e.data ->> 'outcome' = 'delivery_failed')
                          AS delivery_failures
-              FROM run_events e WHERE e.run_id = r.id) c
+              FROM run_events e WHERE e.run_id = $1) c
 WHERE r.id = $1;

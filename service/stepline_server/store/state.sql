@@ -4,7 +4,7 @@
 -- Locks the run's row (as the progress statement will) and answers the state keys it has, so
 -- the count of keys checked before recording new ones still holds when they are written.
 WITH run AS (SELECT id FROM runs WHERE id = $1 FOR UPDATE)
-SELECT s.key FROM run JOIN run_state s ON s.run_id = run.id;
+SELECT s.key FROM run JOIN run_state s ON s.run_id = $1;
 
 -- name: state_record
 -- Keeps the value of each state step this transaction wrote ($2: [{key, step}], the last set
