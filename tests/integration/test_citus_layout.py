@@ -15,6 +15,7 @@ from stepline_server.store import (
     alerts,
     apps,
     citus,
+    claims,
     db,
     deployments,
     keys,
@@ -267,9 +268,10 @@ async def test_statements_reshaped_for_citus_run_on_rows(database_url: str) -> N
 
 async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
     """Each delegated run transition called on one leased run (in a transaction, rolled back):
-    on Citus, the run is leased on its shard (``citus_lease_run``) and the transitions Citus
-    refuses are only the known ones (a transition made acceptable leaves the list); on plain
-    PostgreSQL every one runs."""
+    on Citus, the run is leased on its shard (``citus_lease_run``), the claim leases the others
+    shard by shard, and the transitions Citus
+    refuses are only the known ones (a transition made acceptable leaves the list). On Citus
+    only: on plain PostgreSQL the transitions' own tests run them."""
     if not ON_CITUS:
         pytest.skip("STEPLINE_TEST_CITUS names no Citus cluster")
     pool = await db.create_pool(database_url, min_size=1, max_size=1)
@@ -288,7 +290,14 @@ async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
             run, env_id = new.id, env["id"]
             lease = await conn.fetchrow(Q["citus_lease_run"], run, "o-1", 30.0, [], True, True)
             assert lease is not None and lease["id"] == run
-            # The per-shard claim finds nothing more (the run is leased), on every shard.
+            # The dispatcher's claim (per shard on Citus) leases the other due runs, whatever
+            # their shards, not the one leased; then nothing is left on any shard.
+            others = [runs.NewRun(ids.new_id(), env["id"], "w", {"n": n}) for n in range(4)]
+            for other in others:
+                assert await runs.insert(conn, other, notify=False) is not None
+            claimed = await claims.claim(conn, "o-2", 30.0, 10)
+            assert sorted(r["id"] for r in claimed) == sorted(o.id for o in others)
+            assert {r["lease_token"] is not None for r in claimed} == {True}
             for rep in await citus.shard_runs(conn):
                 assert await conn.fetch(Q["citus_claim_on_shard"], rep, 5, "o-2", 30.0, 0.0,
                                         True, []) == []  # fmt: skip
