@@ -267,11 +267,10 @@ async def test_statements_reshaped_for_citus_run_on_rows(database_url: str) -> N
 
 
 async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
-    """Each delegated run transition called on one leased run (in a transaction, rolled back):
-    on Citus, the run is leased on its shard (``citus_lease_run``), the claim leases the others
-    shard by shard, and the transitions Citus
-    refuses are only the known ones (a transition made acceptable leaves the list). On Citus
-    only: on plain PostgreSQL the transitions' own tests run them."""
+    """On Citus: a run is leased on its shard (``citus_lease_run``), the claim leases the others
+    shard by shard, and each delegated run transition called on the leased run (in a
+    transaction, rolled back) is refused only when known (a transition made acceptable leaves
+    the list). On plain PostgreSQL the transitions' own tests run them."""
     if not ON_CITUS:
         pytest.skip("STEPLINE_TEST_CITUS names no Citus cluster")
     pool = await db.create_pool(database_url, min_size=1, max_size=1)
