@@ -11,7 +11,9 @@ Errors that Citus gives (feature not supported, and the other messages of its pl
 grouped by message, each with the statements that met it; other errors (a placeholder value
 that breaks a check, say) are counted apart and listed with ``--all``. Placeholder values reach
 empty tables, so a statement that passes here may still be refused with rows to read (a plan
-Citus chooses by its data); the e2e tests on the cluster find those.
+Citus chooses by its data); the e2e tests on the cluster find those. The statements the store
+never runs on Citus (``citus_loop.CITUS_FORMS``) are not run; the Citus forms it runs in their
+place are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import asyncpg
 
+from stepline_server.store.citus_loop import CITUS_FORMS
 from stepline_server.store.db import ENUMS, SESSION_SETTINGS, Q, init_connection
 
 _VALUES: dict[str, Any] = {
@@ -94,8 +97,11 @@ async def probe(dsn: str, generic: bool) -> tuple[Found, Found, list[str]]:
     other: dict[str, list[str]] = defaultdict(list)
     ran: list[str] = []
     try:
+        # On Citus the store runs the Citus forms of some statements instead (citus_loop):
+        # those are probed, the statements they replace are not.
+        forms = {form for names in CITUS_FORMS.values() for form in names}
         for name, sql in sorted(Q.items()):
-            if name.startswith("citus_"):
+            if name in CITUS_FORMS or (name.startswith("citus_") and name not in forms):
                 continue
             tr = conn.transaction()
             await tr.start()

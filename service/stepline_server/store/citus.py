@@ -31,11 +31,13 @@ identifiers); the catalog reads and Citus calls are named queries in ``citus.sql
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from stepline_server.store.db import Conn, Q
 
 __all__ = [
+    "CITUS_FUNCTIONS",
     "DELEGATED_FUNCTIONS",
     "DISTRIBUTED",
     "REFERENCE",
@@ -78,15 +80,38 @@ DISTRIBUTED: tuple[tuple[str, str, str], ...] = (
 """(table, distribution column, colocated with): ``runs`` first, its colocation group's root."""
 
 DELEGATED_FUNCTIONS: tuple[str, ...] = (
-    "run_lease_begin",
     "run_progress",
     "run_suspend",
     "run_wake",
     "run_end",
     "run_release",
     "append_run_events",
+    # The run loop on Citus (below):
+    "run_begin",
+    "run_keep_lease",
+    "run_request_cancel",
+    "run_continue",
+    "run_hold",
+    "run_unhold",
+    "run_defer",
+    "run_resume",
+    "run_move",
+    "run_repair",
+    "run_gather_input",
+    "run_fire",
+    "citus_lease_run",
+    "citus_claim_on_shard",
 )
-"""The run transitions: each takes the run id first and runs on the worker holding its shard."""
+"""The run transitions: each takes the run id first and runs on the worker holding its shard,
+inside a transaction too. (Not run_restart, a SQL function returning runs' rows: Citus 13.2.2
+crashes the worker it delegates a call of it to, signal 11; it is made on every node.)"""
+
+# The run loop on Citus ------------------------------------------------------------------
+
+CITUS_FUNCTIONS: tuple[str, ...] = ("citus_make_lease_run", "citus_make_claim_on_shard")
+"""The functions made on Citus only (``citus.sql``, by name; each ``CREATE OR REPLACE``, so
+made again by every layout): the per-run lease and the per-shard claim, on the shard's own
+table."""
 
 
 @dataclass
@@ -103,6 +128,20 @@ class Layout:
 
     def __bool__(self) -> bool:
         return bool(self.reference or self.distributed or self.propagated or self.delegated)
+
+
+# The run loop on Citus: the per-shard claim's representatives ------------------------
+
+
+async def shard_runs(conn: Conn) -> list[uuid.UUID]:
+    """One run id per shard of ``runs`` (the per-shard claim is called with each), read once
+    per connection and again when the number of shards changed (a split)."""
+    count = await conn.fetchval(Q["citus_shard_count"])
+    cached: tuple[uuid.UUID, ...] = conn.citus_shards
+    if len(cached) != count:
+        cached = tuple(row["id"] for row in await conn.fetch(Q["citus_shard_runs"]))
+        conn.remember_shards(cached)
+    return list(cached)
 
 
 def _ident(name: str) -> str:
@@ -134,6 +173,8 @@ async def lay_out(conn: Conn) -> Layout:
     if reference or distributed:
         await _lay_out_tables(conn, reference, distributed, layout)
 
+    for name in CITUS_FUNCTIONS:
+        await conn.execute(Q[name])
     for row in await conn.fetch(Q["citus_functions_to_propagate"], list(DELEGATED_FUNCTIONS)):
         await conn.fetchval(Q["citus_propagate_function"], row["signature"])
         layout.propagated.append(row["signature"])

@@ -10,7 +10,8 @@ from datetime import timedelta
 
 from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine import rates
-from stepline_server.store.db import Conn, Q, Record
+from stepline_server.store import citus_loop
+from stepline_server.store.db import Conn, Q, Record, on_citus
 
 
 async def claim(
@@ -37,12 +38,17 @@ async def claim_leased(conn: Conn, lease: Lease, limit: int, lead: float = 0.0) 
     time under its lock (:func:`claim_rate_limited`). Every claim leases through the one lease
     transition (``lease_runs``): the runs ``lease.holding`` names are never taken again, and
     without ``lease.takeovers`` runs whose lease expired are left to their holders."""
-    claimed = list(
-        await conn.fetch(
-            Q["claim_due"], limit, lease.owner, lease.seconds, lead, lease.takeovers,
-            list(lease.holding),
+    if on_citus(conn):
+        claimed = await citus_loop.claim_due(
+            conn, limit, lease.owner, lease.seconds, lead, lease.takeovers, list(lease.holding)
         )
-    )  # fmt: skip
+    else:
+        claimed = list(
+            await conn.fetch(
+                Q["claim_due"], limit, lease.owner, lease.seconds, lead, lease.takeovers,
+                list(lease.holding),
+            )
+        )  # fmt: skip
     room = limit - len(claimed)
     if room > 0:
         groups = await conn.fetch(Q["due_gated_groups"])
@@ -228,6 +234,8 @@ async def heartbeat(
     with whether its cancellation was requested."""
     if not leases:
         return {}
+    if on_citus(conn):
+        return await citus_loop.heartbeat(conn, leases, lease_seconds)
     held = [{"id": str(run_id), "token": token} for run_id, token in leases]
     rows = await conn.fetch(Q["heartbeat"], held, lease_seconds)
     return {row["id"]: row["cancel_requested"] for row in rows}
@@ -257,6 +265,11 @@ async def begin_invocations(
         for b in starts
     ]
     answer: dict[uuid.UUID, Begun] = {}
+    if on_citus(conn):
+        for run_id, rows in await citus_loop.begin_invocations(conn, begun, lead, inline_max):
+            answer[run_id] = Begun.of(rows[0])
+            answer[run_id].steps.extend(row for row in rows if row["name"] is not None)
+        return answer
     for row in await conn.fetch(Q["begin_invocations"], begun, lead, inline_max):
         run = answer.get(row["run_id"])
         if run is None:

@@ -48,9 +48,33 @@ def _jsonb_decode(data: bytes) -> Any:
     return orjson.loads(data[1:])
 
 
+class StoreConnection(asyncpg.Connection):  # type: ignore[misc]
+    """A connection that knows whether its database is a Citus coordinator (``on_citus``):
+    asked once, when it is opened, so no statement of the run loop asks again."""
+
+    citus = False
+    citus_shards: tuple[Any, ...] = ()
+    """On Citus, one run id per shard of runs (``citus.shard_runs``), once read."""
+
+    def remember_shards(self, ids: tuple[Any, ...]) -> None:
+        """Keep ``ids`` as :attr:`citus_shards` (callable through a pool's proxy)."""
+        self.citus_shards = ids
+
+
+def on_citus(conn: Conn) -> bool:
+    """Whether ``conn`` (one of the pool's, or :func:`connect`'s) is on a Citus coordinator:
+    the store then runs the Citus form of the statements Citus refuses (``store/citus.sql``);
+    on plain PostgreSQL it runs the statements as they are."""
+    return bool(getattr(conn, "citus", False))
+
+
 async def init_connection(conn: Conn) -> None:
     """Teach a connection to read and write JSON values as Python objects (jsonb in its binary
-    form: a version byte and the JSON text, with no str round trip)."""
+    form: a version byte and the JSON text, with no str round trip), and tell whether its
+    database is a Citus coordinator (:func:`on_citus`)."""
+    # (Not isinstance: asyncpg's connections answer it for any connection class.)
+    if issubclass(type(conn), StoreConnection):
+        conn.citus = bool(await conn.fetchval(Q["citus_present"]))
     await conn.set_type_codec(
         "jsonb",
         encoder=_jsonb_encode,
@@ -85,7 +109,7 @@ async def _init_pooled(conn: Conn) -> None:
     await init_connection(conn)
     for name in ENUMS:
         await conn.set_type_codec(name, encoder=str, decoder=str, format="text")
-    if await conn.fetchval(Q["citus_present"]):
+    if conn.citus:
         # On a Citus coordinator, a plan for the values at hand: Citus cannot make a generic
         # plan of most distributed statements, and crashes on some (docs/scaling.md).
         await conn.execute(Q["citus_session"])
@@ -105,6 +129,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Poo
         min_size=min_size,
         max_size=max_size,
         init=_init_pooled,
+        connection_class=StoreConnection,
         reset=_keep_session,
         command_timeout=60,
         server_settings=SESSION_SETTINGS,
@@ -117,7 +142,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Poo
 
 async def connect(dsn: str) -> Conn:
     """One connection that speaks JSON (for LISTEN, migrations and tools)."""
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(dsn, connection_class=StoreConnection)
     await init_connection(conn)
     return conn
 

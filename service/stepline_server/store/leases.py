@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine.transitions import Claim
-from stepline_server.store import claims
+from stepline_server.store import citus_loop, claims
 from stepline_server.store.claims import Lease
-from stepline_server.store.db import Conn, Q
+from stepline_server.store.db import Conn, Q, on_citus
 
 __all__ = ["Lease", "Taken", "take_now"]
 
@@ -41,6 +41,8 @@ async def take_now(
     None when it was not leased. One statement (``lease_begin_now``), in the caller's
     transaction (the one that started or woke the run, so one commit does both). A result over
     ``inline_max`` bytes is not read (as :func:`claims.begin_invocations`)."""
+    if on_citus(conn):
+        return await _take_now_on_citus(conn, run_id, lease, inline_max)
     rows = await conn.fetch(
         Q["lease_begin_now"], run_id, lease.owner, lease.seconds, list(lease.holding),
         lease.takeovers, inline_max,
@@ -52,5 +54,29 @@ async def take_now(
     if first["wait_s"] is None:  # past its deadline (run_begin always answers wait_s)
         return Taken(claim, None)
     begun = claims.Begun.of(first)
+    begun.steps.extend(row for row in rows if row["name"] is not None)
+    return Taken(claim, begun)
+
+
+async def _take_now_on_citus(
+    conn: Conn, run_id: uuid.UUID, lease: Lease, inline_max: int
+) -> Taken | None:
+    """:func:`take_now` on Citus: the lease on the run's shard (``citus_lease_run``), then its
+    begin (``run_begin``), both delegated to its worker: two statements."""
+    leased = await citus_loop.lease_run(
+        conn, run_id, lease.owner, lease.seconds, list(lease.holding), lease.takeovers
+    )
+    if leased is None:
+        return None
+    claim = Claim.of(leased)
+    if leased["past_deadline"]:
+        return Taken(claim, None)
+    rows = await citus_loop.begin(
+        conn, run_id, leased["project_id"], leased["lease_token"], leased["invocation_id"],
+        leased["invoke_attempts"] + 1, True, 0.0, inline_max,
+    )  # fmt: skip
+    if not rows:
+        return Taken(claim, None)
+    begun = claims.Begun.of(rows[0])
     begun.steps.extend(row for row in rows if row["name"] is not None)
     return Taken(claim, begun)

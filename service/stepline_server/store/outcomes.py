@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 from stepline_server.engine import runs as rules
 from stepline_server.engine import transitions
-from stepline_server.store import children, history, schedules
-from stepline_server.store.db import Conn, Q
+from stepline_server.store import children, citus_loop, history, schedules
+from stepline_server.store.db import Conn, Q, on_citus
 
 
 class Ended(Protocol):
@@ -60,8 +60,10 @@ async def record_outcomes(conn: Conn, items: list[Ended]) -> set[uuid.UUID]:
             }
             for i in suspended
         ]
-        rows = await conn.fetch(Q["suspend_runs"], leases)
-        recorded |= {row["id"] for row in rows}
+        if on_citus(conn):
+            recorded |= await citus_loop.suspend_runs(conn, leases)
+        else:
+            recorded |= {row["id"] for row in await conn.fetch(Q["suspend_runs"], leases)}
     if ends:
         recorded |= await end_runs(conn, ends)
     return recorded
@@ -91,21 +93,22 @@ def _end_data(e: End) -> dict[str, Any] | None:
 async def end_runs(conn: Conn, ends: list[End]) -> set[uuid.UUID]:
     """End runs in one statement: close their open steps, cancel their children, tell their
     parents; the runs ended. In a transaction."""
-    rows = await conn.fetch(
-        Q["end_runs"],
-        [
-            {
-                "id": str(e.run_id),
-                "token": e.token,
-                "status": e.status.value,
-                "output": e.output,
-                "error": e.error,
-                "event": rules.END_EVENT[e.status],
-                "data": _end_data(e),
-            }
-            for e in ends
-        ],
-    )
+    batch = [
+        {
+            "id": str(e.run_id),
+            "token": e.token,
+            "status": e.status.value,
+            "output": e.output,
+            "error": e.error,
+            "event": rules.END_EVENT[e.status],
+            "data": _end_data(e),
+        }
+        for e in ends
+    ]
+    if on_citus(conn):
+        rows = await citus_loop.end_runs(conn, batch)
+    else:
+        rows = await conn.fetch(Q["end_runs"], batch)
     for row in rows:
         run_id = row["id"]
         if row["has_children"]:

@@ -12,8 +12,8 @@ from stepline_server.engine import state as state_rules
 from stepline_server.engine.events import EventType
 from stepline_server.engine.steps import Plan
 from stepline_server.engine.transitions import Outcome
-from stepline_server.store import children, runs, state
-from stepline_server.store.db import Conn, Q, Record
+from stepline_server.store import children, citus_loop, runs, state
+from stepline_server.store.db import Conn, Q, Record, on_citus
 from stepline_server.store.outcomes import record_outcomes
 
 
@@ -91,15 +91,11 @@ async def apply_batch(conn: Conn, items: list[Progress]) -> dict[uuid.UUID, Reco
             for cid, name, timeout in item.plan.callbacks
         ]
         lines += [line | {"run_id": run} for line in item.plan.logs]
-    rows = await conn.fetch(
-        Q["progress"],
-        requests,
-        changes,
-        callbacks,
-        lines,
-        run_logs.MAX_LINES,
-        run_logs.MAX_BYTES,
-    )
+    args = (requests, changes, callbacks, lines, run_logs.MAX_LINES, run_logs.MAX_BYTES)
+    if on_citus(conn):
+        rows = await citus_loop.progress(conn, *args)
+    else:
+        rows = await conn.fetch(Q["progress"], *args)
     return {row["id"]: row for row in rows}
 
 

@@ -1,0 +1,208 @@
+"""The run loop's statements on a Citus coordinator: the claims per shard, the group statements
+one run at a time (``docs/scaling.md``, "Claims without locks across shards").
+
+On plain PostgreSQL the store runs its statements as they are (``claims.sql``,
+``progress.sql``, ``outcomes.sql``, ``leases.sql``); where Citus refuses one, the store's
+function asks :func:`stepline_server.store.db.on_citus` and calls the form here instead:
+
+* the due runs are claimed shard by shard, each claim a function delegated to the shard
+  (``citus_claim_on_shard``, called with one run id of the shard), which locks and leases on
+  the shard's own table;
+* a run leased at once is leased by ``citus_lease_run`` (lease_runs's rule on the run's shard);
+* the group statements (heartbeat, begin, progress, suspend, end), one statement over many runs
+  on one PostgreSQL (runs locked in id order, then moved), are here one delegated transition
+  call per run, in id order, in one transaction: each call runs on its run's worker, so its
+  locks and writes stay on one shard;
+* a run's end is told to the listeners (``stepline_ended``) from this session: ``run_end``'s
+  own notification is sent on the worker, where no orchestrator listens.
+
+Each function answers what its plain-PostgreSQL counterpart answers, in the same shape.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+from stepline_server.store import citus
+from stepline_server.store.db import Conn, Q, Record
+
+CITUS_FORMS: dict[str, tuple[str, ...]] = {
+    "claim_due": ("citus_shard_count", "citus_shard_runs", "citus_claim_on_shard"),
+    "lease_begin_now": ("citus_lease_run", "citus_begin"),
+    "heartbeat": ("citus_run_projects", "citus_keep_lease"),
+    "begin_invocations": ("citus_run_projects", "citus_begin"),
+    "progress": ("citus_run_projects", "citus_progress"),
+    "suspend_runs": ("citus_run_projects", "citus_suspend"),
+    "end_runs": ("citus_run_projects", "citus_end", "citus_notify_ended"),
+}
+"""The store's statements never run on Citus, each with the statements run there instead
+(``tests.citus.statements`` probes these in their place)."""
+
+
+async def claim_due(
+    conn: Conn,
+    limit: int,
+    owner: str,
+    seconds: float,
+    lead: float,
+    takeovers: bool,
+    holding: list[uuid.UUID],
+) -> list[Record]:
+    """``claim_due`` on Citus: up to ``limit`` due runs, claimed shard by shard from a random
+    shard on (so no shard waits behind the others), each shard's in its order; answered
+    higher priority first, then the longest due."""
+    shards = await citus.shard_runs(conn)
+    start = random.randrange(len(shards)) if shards else 0
+    claimed: list[Record] = []
+    for rep in shards[start:] + shards[:start]:
+        room = limit - len(claimed)
+        if room <= 0:
+            break
+        claimed += await conn.fetch(
+            Q["citus_claim_on_shard"], rep, room, owner, seconds, lead, takeovers, holding
+        )
+    claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
+    return claimed
+
+
+async def lease_run(
+    conn: Conn, run_id: uuid.UUID, owner: str, seconds: float, holding: list[uuid.UUID],
+    takeovers: bool,
+) -> Record | None:  # fmt: skip
+    """``lease_begin_now``'s lease on Citus: run ``run_id`` leased when nothing gates it."""
+    return await conn.fetchrow(
+        Q["citus_lease_run"], run_id, owner, seconds, holding, takeovers, True
+    )
+
+
+async def begin(
+    conn: Conn, run_id: uuid.UUID, project_id: uuid.UUID, token: str | None,
+    invocation_id: uuid.UUID, attempt: int, deltas: bool, lead: float, inline_max: int,
+) -> list[Record]:  # fmt: skip
+    """One run's begin (``run_begin``, delegated): its rows, as ``begin_invocations``'s."""
+    return list(
+        await conn.fetch(
+            Q["citus_begin"], run_id, project_id, token, invocation_id, attempt, deltas, lead,
+            inline_max,
+        )
+    )  # fmt: skip
+
+
+async def projects(conn: Conn, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    """The project of each of ``run_ids`` that exists (one read, no lock)."""
+    return {r["id"]: r["project_id"] for r in await conn.fetch(Q["citus_run_projects"], run_ids)}
+
+
+async def heartbeat(
+    conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float
+) -> dict[uuid.UUID, bool]:
+    """``heartbeat`` on Citus: each lease kept by its own call (``run_keep_lease``)."""
+    of = await projects(conn, [run_id for run_id, _ in leases])
+    held: dict[uuid.UUID, bool] = {}
+    async with conn.transaction():
+        for run_id, token in sorted(leases):
+            if run_id in of:
+                cancel = await conn.fetchval(
+                    Q["citus_keep_lease"], run_id, of[run_id], token, lease_seconds
+                )
+                if cancel is not None:
+                    held[run_id] = cancel
+    return held
+
+
+async def begin_invocations(
+    conn: Conn, starts: list[dict[str, Any]], lead: float, inline_max: int
+) -> list[tuple[uuid.UUID, list[Record]]]:
+    """``begin_invocations`` on Citus: each run begun by its own call (``run_begin``), in run id
+    order, in one transaction; each begun run with its rows."""
+    of = await projects(conn, [uuid.UUID(s["run_id"]) for s in starts])
+    begun: list[tuple[uuid.UUID, list[Record]]] = []
+    async with conn.transaction():
+        for s in sorted(starts, key=lambda s: s["run_id"]):
+            run_id = uuid.UUID(s["run_id"])
+            if run_id not in of:
+                continue
+            rows = await begin(
+                conn, run_id, of[run_id], s["token"], uuid.UUID(s["invocation_id"]),
+                s["attempt"], s["deltas"], lead, inline_max,
+            )  # fmt: skip
+            if rows:
+                begun.append((run_id, rows))
+    return begun
+
+
+async def progress(
+    conn: Conn,
+    requests: list[dict[str, Any]],
+    changes: list[dict[str, Any]],
+    callbacks: list[dict[str, Any]],
+    lines: list[dict[str, Any]],
+    max_lines: int,
+    max_bytes: int,
+) -> list[Record]:
+    """``progress`` on Citus: each run's progress committed by its own call (``run_progress``),
+    in run id order, in one transaction; rows as ``progress`` answers them."""
+    of = await projects(conn, [uuid.UUID(r["run_id"]) for r in requests])
+
+    def of_run(items: list[dict[str, Any]], run: str) -> list[dict[str, Any]] | None:
+        mine = [item for item in items if item["run_id"] == run]
+        return mine or None
+
+    answered: list[Record] = []
+    async with conn.transaction():
+        for r in sorted(requests, key=lambda r: r["run_id"]):
+            run_id = uuid.UUID(r["run_id"])
+            if run_id not in of:
+                continue
+            row = await conn.fetchrow(
+                Q["citus_progress"], run_id, of[run_id], r["token"],
+                uuid.UUID(r["invocation_id"]), r["events"], r["seq"], r["digest"],
+                r["logs_dropped"], of_run(changes, r["run_id"]),
+                of_run(callbacks, r["run_id"]), of_run(lines, r["run_id"]), max_lines,
+                max_bytes,
+            )  # fmt: skip
+            if row is not None:
+                answered.append(_Row(id=run_id, project_id=of[run_id], **dict(row)))
+    return answered
+
+
+async def suspend_runs(conn: Conn, leases: list[dict[str, Any]]) -> set[uuid.UUID]:
+    """``suspend_runs`` on Citus: each run suspended by its own call (``run_suspend``), in run
+    id order; the runs suspended."""
+    of = await projects(conn, [uuid.UUID(x["id"]) for x in leases])
+    suspended: set[uuid.UUID] = set()
+    for x in sorted(leases, key=lambda x: x["id"]):
+        run_id = uuid.UUID(x["id"])
+        if run_id in of and await conn.fetchval(
+            Q["citus_suspend"], run_id, of[run_id], x["token"], x["acked"]
+        ):
+            suspended.add(run_id)
+    return suspended
+
+
+async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
+    """``end_runs`` on Citus: each run ended by its own call (``run_end``), in run id order,
+    its end told to the listeners from this session; rows as ``end_runs`` answers them."""
+    of = await projects(conn, [uuid.UUID(e["id"]) for e in ends])
+    ended: list[Record] = []
+    for e in sorted(ends, key=lambda e: e["id"]):
+        run_id = uuid.UUID(e["id"])
+        if run_id not in of:
+            continue
+        row = await conn.fetchrow(
+            Q["citus_end"], run_id, of[run_id], e["token"], e["status"], e["output"],
+            e["error"], e["event"], e["data"],
+        )  # fmt: skip
+        if row is not None:
+            await conn.execute(Q["citus_notify_ended"], run_id)
+            ended.append(_Row(id=run_id, project_id=of[run_id], **dict(row)))
+    return ended
+
+
+class _Row(dict[str, Any]):
+    """A row put together here, read by key as a record is."""
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(values)
