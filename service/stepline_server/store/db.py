@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import weakref
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -85,10 +86,37 @@ async def _init_pooled(conn: Conn) -> None:
     await init_connection(conn)
     for name in ENUMS:
         await conn.set_type_codec(name, encoder=str, decoder=str, format="text")
-    if await conn.fetchval(Q["citus_present"]):
+    citus = bool(await conn.fetchval(Q["citus_present"]))
+    _ON_CITUS[conn] = citus
+    if citus:
         # On a Citus coordinator, a plan for the values at hand: Citus cannot make a generic
         # plan of most distributed statements, and crashes on some (docs/scaling.md).
         await conn.execute(Q["citus_session"])
+
+
+# Statements Citus refuses as written have a variant in citus.sql, named after them with
+# CITUS_VARIANT in front, run instead when the database has the citus extension (plain
+# PostgreSQL keeps the statement as it is). Whether it has is asked once per connection: a
+# pooled connection's is known from its set-up, another's from its first such statement.
+CITUS_VARIANT = "on_citus_"
+_ON_CITUS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+async def on_citus(conn: Conn) -> bool:
+    """Whether ``conn``'s database has the ``citus`` extension (asked once per connection)."""
+    raw = getattr(conn, "_con", conn)  # a pool's proxy: the connection it lends
+    known = _ON_CITUS.get(raw)
+    if known is None:
+        known = _ON_CITUS[raw] = bool(await conn.fetchval(Q["citus_present"]))
+    return known
+
+
+async def query(conn: Conn, name: str) -> str:
+    """The named statement ``name``, or on Citus its variant when it has one."""
+    variant = CITUS_VARIANT + name
+    if variant in Q and await on_citus(conn):
+        return Q[variant]
+    return Q[name]
 
 
 async def _keep_session(conn: Conn) -> None:
