@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from stepline_server.engine import gathering, rates
+from stepline_server.loops import sweeper
 from stepline_server.store import (
     apps,
     claims,
@@ -114,6 +115,18 @@ async def test_retention_deletes_old_runs_events_ticks_and_history(database_url:
         assert await conn.fetchval(
             "SELECT count(*) FROM run_events WHERE run_id = $1", long_lived
         ) == 1  # fmt: skip
+        # The sweeper's pooled connections choose the same statements.
+        await conn.execute(
+            "UPDATE runs SET status = 'completed', ended_at = now() - interval '40 days',"
+            " ready_at = NULL WHERE id = $1",
+            young,
+        )
+        pool = await db.create_pool(database_url, min_size=1, max_size=1)
+        try:
+            swept = await sweeper.sweep_once(pool, retention_days=30)
+        finally:
+            await pool.close()
+        assert swept.runs == 1 and set(await _runs(conn, "wf")) == {child, long_lived}
     finally:
         await conn.close()
 
