@@ -36,9 +36,8 @@ def test_history_is_written_in_one_place() -> None:
 
 def test_runs_are_updated_only_by_transition_functions() -> None:
     """Outside the migrations and schema.sql (where the transition functions are), and the
-    functions the Citus layout makes (citus_claim_functions: their counterparts on Citus, which
-    no migration may hold), no store statement updates runs: each goes through a transition
-    function."""
+    functions the Citus layout makes (citus_claim_functions: their counterparts on Citus only),
+    no store statement updates runs: each goes through a transition function."""
     found: dict[str, int] = {}
     for name, sql in db.Q.items():
         if name == "citus_claim_functions":
