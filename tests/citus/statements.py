@@ -3,10 +3,12 @@
     python -m tests.citus.statements DSN [--all] [--generic]
 
 ``DSN`` names a database migrated (and so laid out) on a Citus coordinator. Each named query of
-``store/*.sql`` is prepared and run once, with placeholder values of its parameters' types,
-inside a transaction rolled back, with custom plans (``--generic``: the store's own session
-settings, generic plans; Citus 13.2.2 crashes the coordinator's backend on some of those, which
-restarts the coordinator: each is listed as "the session was lost").
+``store/*.sql`` is prepared and run once (its Citus variant ``on_citus_<name>`` instead, when it
+has one: what the store runs there; the variants' own steps under their names), with
+placeholder values of its parameters' types, inside a transaction rolled back, with custom
+plans (``--generic``: the store's own session settings, generic plans; Citus 13.2.2 crashes
+the coordinator's backend on some of those, which restarts the coordinator: each is listed as
+"the session was lost").
 Errors that Citus gives (feature not supported, and the other messages of its planner) are
 grouped by message, each with the statements that met it; other errors (a placeholder value
 that breaks a check, say) are counted apart and listed with ``--all``. Placeholder values reach
@@ -29,7 +31,7 @@ from typing import Any
 import asyncpg
 
 from stepline_server.store.citus_loop import CITUS_FORMS
-from stepline_server.store.db import ENUMS, SESSION_SETTINGS, Q, init_connection
+from stepline_server.store.db import CITUS_VARIANT, ENUMS, SESSION_SETTINGS, Q, init_connection
 
 _VALUES: dict[str, Any] = {
     "uuid": uuid.UUID(int=1),
@@ -103,6 +105,9 @@ async def probe(dsn: str, generic: bool) -> tuple[Found, Found, list[str]]:
         for name, sql in sorted(Q.items()):
             if name in CITUS_FORMS or (name.startswith("citus_") and name not in forms):
                 continue
+            if name.startswith(CITUS_VARIANT) and name[len(CITUS_VARIANT) :] in Q:
+                continue  # (run in its statement's place)
+            sql = Q.get(CITUS_VARIANT + name, sql)
             tr = conn.transaction()
             await tr.start()
             try:

@@ -25,6 +25,10 @@ The schema's functions are made on every node (Citus does not propagate by itsel
 table's row type), and the run transitions (PL/pgSQL functions whose first argument is the run
 id) are delegated to the worker holding that run's shard as they appear.
 
+The claims and sweeps that Citus refuses as written (``FOR UPDATE`` across shards) have
+variants in ``citus.sql`` (``on_citus_<name>``, chosen by ``db.query``); the per-run functions
+those call are Citus-only, made by each layout (``citus_claim_functions``).
+
 The DDL here names tables and columns, so it is composed from the fixed lists below (quoted
 identifiers); the catalog reads and Citus calls are named queries in ``citus.sql``.
 """
@@ -182,6 +186,7 @@ async def lay_out(conn: Conn) -> Layout:
     for row in rows:
         await conn.fetchval(Q["citus_delegate_function"], row["signature"])
         layout.delegated.append(row["signature"])
+    await _make_claim_functions(conn)
     return layout
 
 
@@ -254,3 +259,13 @@ async def _fit_unique(conn: Conn, table: str, col: str, layout: Layout) -> None:
             await conn.execute(f"DROP INDEX {_ident(ix['index'])}")
             await conn.execute(plain)
             layout.changed.append(f"{table}: unique index {ix['index']} no longer unique")
+
+
+# --- Claims and sweeps across shards -------------------------------------------------------
+
+
+async def _make_claim_functions(conn: Conn) -> None:
+    """Make (again) the per-run functions the Citus variants of the claims and sweeps call
+    (``citus.sql``, ``citus_claim_functions``): made on the coordinator, where those
+    statements run; each statement in them is routed to one run's shard."""
+    await conn.execute(Q["citus_claim_functions"])

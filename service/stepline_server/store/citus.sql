@@ -310,3 +310,415 @@ SELECT * FROM run_end($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: citus_notify_ended
 SELECT pg_notify('stepline_ended', $1::text);
+
+
+-- ---------------------------------------------------------------------------------------
+-- Claims and sweeps across shards (docs/scaling.md, "Claims without locks across shards").
+-- Citus refuses FOR UPDATE [SKIP LOCKED] over many shards, so each statement below is the
+-- Citus variant of the store's statement of the same name after the prefix (db.query runs it
+-- instead on a Citus coordinator): its candidates are read without locks, then each is acted
+-- on through a statement or a transition on its own shard, whose condition (checked again
+-- under the run's row lock there) replaces the lock skipped. A row another orchestrator took
+-- meanwhile is then not found, as SKIP LOCKED passed it over. citus_claim_functions makes the
+-- per-run functions they call.
+
+-- name: citus_claim_functions
+-- The per-run functions of the Citus variants, made (or made again) by each layout. Each
+-- statement in them names one run by id: Citus routes it to that run's shard.
+CREATE OR REPLACE FUNCTION citus_lease_runs(
+    _ids uuid[], _owner text, _lease_seconds double precision, _holding uuid[],
+    _takeovers boolean
+) RETURNS SETOF lease_claim LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    run_id uuid;
+    r runs;
+    was_ready timestamptz;
+    old_token text;
+    t timestamptz := now();
+    token text;
+    invocation uuid;
+BEGIN
+    -- lease_runs, run by run in id order, each statement on the run's shard: the same rule
+    -- (lease_runs's body says it), the times and the new tokens computed here (Citus takes no
+    -- volatile function in an UPDATE's SET), the row type read into a variable (a shard's row
+    -- type is another than runs).
+    FOREACH run_id IN ARRAY ARRAY(SELECT DISTINCT u FROM unnest(_ids) u ORDER BY u) LOOP
+        CONTINUE WHEN run_id = ANY (coalesce(_holding, '{}'));
+        SELECT * INTO r FROM runs
+        WHERE id = run_id AND status IN ('running', 'cancelling')
+          AND (lease_token IS NULL
+               OR (_takeovers AND ready_at IS NOT NULL AND ready_at <= t))
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN r.lease_token IS NOT NULL
+                      AND coalesce(pull_lease_lapse(r, _lease_seconds), 'ours') <> 'ours';
+        was_ready := r.ready_at;
+        old_token := r.lease_token;
+        IF (EXISTS (SELECT 1 FROM workflows w
+                    WHERE w.project_id = r.project_id AND w.name = r.workflow
+                      AND w.paused_at IS NOT NULL)
+            OR EXISTS (SELECT 1 FROM apps a WHERE a.id = r.app_id AND a.paused_at IS NOT NULL))
+           AND NOT coalesce(r.deadline_at <= t, false) THEN
+            UPDATE runs SET paused = true, ready_at = r.deadline_at, lease_token = NULL,
+                            lease_owner = NULL, held = false
+            WHERE id = run_id;
+            CONTINUE;
+        END IF;
+        token := gen_random_uuid()::text;
+        invocation := gen_random_uuid();
+        UPDATE runs
+        SET lease_token = token,
+            invocation_id = invocation,
+            lease_owner = _owner,
+            ready_at = least(t + make_interval(secs => _lease_seconds), r.deadline_at),
+            claimed_wake_seq = r.wake_seq,
+            progress_at = t,
+            progress_seq = 0,
+            progress_digest = NULL,
+            held = false,
+            paused = false,
+            started_at = coalesce(r.started_at, t)
+        WHERE id = run_id
+        RETURNING * INTO r;
+        RETURN NEXT lease_claim_of(
+            r, greatest(coalesce(extract(epoch FROM was_ready - t), 0), 0)::double precision,
+            old_token IS NOT NULL);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION citus_run(p_run uuid) RETURNS SETOF runs
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Run p_run's row, read on its shard and answered where this is called: a function of
+    -- runs' row type (lease_claim_of, pull_lease_lapse, which read reference tables) is then
+    -- called on the coordinator, not pushed down to the shard (where it would have to run a
+    -- distributed query from a query on a shard, which Citus refuses). PL/pgSQL: an SQL
+    -- function would be inlined into its caller's query, and pushed down with it.
+    RETURN QUERY SELECT * FROM runs WHERE id = p_run;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION citus_hold_runs(
+    _ids uuid[], _lease_seconds double precision, _holding uuid[], _takeovers boolean
+) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    run_id uuid;
+    r runs;
+    n integer := 0;
+BEGIN
+    -- claim_capped's holds, run by run in id order: a run still due, not held, not one the
+    -- caller invokes, its lapsed lease one lease_runs would take over, is held (run_hold).
+    -- Answers how many.
+    FOREACH run_id IN ARRAY ARRAY(SELECT DISTINCT u FROM unnest(_ids) u ORDER BY u) LOOP
+        CONTINUE WHEN run_id = ANY (coalesce(_holding, '{}'));
+        SELECT * INTO r FROM runs
+        WHERE id = run_id AND ready_at <= now() AND NOT held
+          AND (_takeovers OR lease_token IS NULL)
+        FOR UPDATE;
+        CONTINUE WHEN NOT FOUND
+                      OR coalesce(pull_lease_lapse(r, _lease_seconds), 'ours') <> 'ours';
+        IF run_hold(run_id, r.project_id) THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION citus_repair_run(p_run uuid, p_project uuid, p_reason text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- repair_stuck_runs's check for run p_run alone, under its row lock (another transaction
+    -- holding it is passed over), then its repair (run_repair). Answers whether it was
+    -- repaired.
+    PERFORM 1 FROM runs r
+    WHERE r.id = p_run AND r.ready_at IS NULL AND r.ended_at IS NULL AND NOT r.held
+      AND NOT r.paused
+      AND NOT EXISTS (SELECT 1 FROM run_gatherings g WHERE g.run_id = p_run)
+      AND NOT EXISTS (
+          SELECT 1 FROM steps s
+          WHERE s.run_id = p_run AND s.status = 'waiting'
+            AND s.kind IN ('callback', 'event', 'invoke'))
+    FOR UPDATE OF r SKIP LOCKED;
+    RETURN FOUND AND run_repair(p_run, p_project, p_reason);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION citus_forget_parents(p_parents uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- The runs whose parent is one of p_parents (deleted by retention) have none any more: on
+    -- plain PostgreSQL the foreign key's ON DELETE SET NULL does it. Answers how many.
+    UPDATE runs SET parent_run_id = NULL WHERE parent_run_id = ANY (p_parents);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION citus_move_run(p_run uuid, p_project uuid, p_from uuid,
+                                          p_to uuid)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- move_deployment_runs for run p_run alone: still on deployment p_from and not ended
+    -- once locked, it moves to p_to (run_move). Answers whether it moved.
+    PERFORM 1 FROM runs
+    WHERE id = p_run AND deployment = p_from AND status IN ('running', 'cancelling')
+    FOR NO KEY UPDATE;
+    RETURN FOUND AND run_move(p_run, p_project, p_to);
+END
+$$;
+
+-- name: on_citus_delete_old_runs
+-- delete_old_runs on Citus: the runs read without locks, deleted if still ended before the
+-- cut (a retry may have started one again); answers their ids, whose children then lose their
+-- parent (on_citus_forget_parents: the foreign key that did it is gone).
+DELETE FROM runs
+WHERE id IN (SELECT id FROM runs
+             WHERE ended_at < now() - make_interval(secs => $1::double precision)
+             ORDER BY ended_at
+             LIMIT $2)
+  AND ended_at < now() - make_interval(secs => $1::double precision)
+RETURNING id;
+
+-- name: on_citus_forget_parents
+-- The runs whose parent is one of $1 (deleted) have none any more (citus_forget_parents).
+SELECT citus_forget_parents($1::uuid[]);
+
+-- name: on_citus_delete_old_events
+-- delete_old_events on Citus: read without locks, deleted if still past the cut.
+DELETE FROM events
+WHERE id IN (SELECT id FROM events
+             WHERE received_at < now() - make_interval(secs => $1::double precision)
+             ORDER BY received_at
+             LIMIT $2)
+  AND received_at < now() - make_interval(secs => $1::double precision);
+
+-- name: on_citus_delete_old_ticks
+-- delete_old_ticks on Citus: read without locks, deleted if still past the cut.
+DELETE FROM schedule_ticks t USING (
+    SELECT schedule_id, tick_at FROM schedule_ticks
+    WHERE created_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY created_at
+    LIMIT $2
+) old
+WHERE t.schedule_id = old.schedule_id AND t.tick_at = old.tick_at
+  AND t.created_at < now() - make_interval(secs => $1::double precision);
+
+-- name: on_citus_delete_old_history
+-- delete_old_history on Citus: read without locks (each run's last event still kept: a
+-- newer one may only have been appended meanwhile).
+DELETE FROM run_events e USING (
+    SELECT ev.run_id, ev.seq
+    FROM runs r JOIN run_events ev ON ev.run_id = r.id
+    WHERE r.ended_at IS NULL
+      AND r.created_at < now() - make_interval(secs => $1::double precision)
+      AND ev.at < now() - make_interval(secs => $1::double precision)
+      AND ev.seq < (SELECT max(l.seq) FROM run_events l WHERE l.run_id = ev.run_id)
+    LIMIT $2
+) old
+WHERE e.run_id = old.run_id AND e.seq = old.seq;
+
+-- name: on_citus_repair_stuck_runs
+-- repair_stuck_runs on Citus: the runs with no way forward read without locks, each checked
+-- again under its lock and repaired by citus_repair_run (on the coordinator's session, so the
+-- wake-up reaches the orchestrators).
+WITH stuck AS MATERIALIZED (
+    SELECT r.id, r.project_id, r.workflow FROM runs r
+    WHERE r.ready_at IS NULL AND r.ended_at IS NULL AND NOT r.held AND NOT r.paused
+      AND NOT EXISTS (SELECT 1 FROM run_gatherings g WHERE g.run_id = r.id)
+      AND NOT EXISTS (
+          SELECT 1 FROM steps s
+          WHERE s.run_id = r.id AND s.status = 'waiting'
+            AND s.kind IN ('callback', 'event', 'invoke'))
+    ORDER BY r.id
+    LIMIT $1
+),
+woken AS MATERIALIZED (
+    SELECT id, project_id, workflow FROM stuck
+    WHERE citus_repair_run(id, project_id, 'no lease, no due time and no open wait')
+)
+SELECT id, project_id, workflow, CASE WHEN EXISTS (SELECT 1 FROM woken)
+                                      THEN pg_notify('stepline_wake', '') END
+FROM woken;
+
+-- name: on_citus_move_deployment_runs
+-- move_deployment_runs on Citus: the runs read without locks, each moved in id order by
+-- citus_move_run if still on deployment $1 and not ended once locked.
+WITH m AS MATERIALIZED (
+    SELECT id, project_id FROM runs
+    WHERE deployment = $1 AND status IN ('running', 'cancelling')
+    ORDER BY id
+)
+SELECT id FROM m WHERE citus_move_run(id, project_id, $1, $2);
+
+-- name: on_citus_open_gathering
+-- open_gathering on Citus, first: the runs of the gatherings of key $4 of kind $3 of workflow
+-- $2 of project $1, read without locks (then each locked on its shard:
+-- on_citus_lock_gathering).
+SELECT run_id FROM run_gatherings
+WHERE project_id = $1 AND workflow = $2 AND kind = $3 AND key = $4;
+
+-- name: on_citus_lock_gathering
+-- open_gathering on Citus, then: the gathering of run $5 (of key $4 of kind $3 of workflow $2
+-- of project $1), locked, on its run's shard.
+SELECT g.*,
+       EXISTS (SELECT 1 FROM runs r
+               WHERE r.id = $5 AND r.status = 'running' AND r.ready_at IS NULL
+                 AND r.lease_token IS NULL AND r.started_at IS NULL) AS gathers
+FROM run_gatherings g
+WHERE g.run_id = $5 AND g.project_id = $1 AND g.workflow = $2 AND g.kind = $3 AND g.key = $4
+FOR UPDATE OF g;
+
+-- name: on_citus_claim_pull
+-- claim_pull on Citus: the due runs read without locks, leased by citus_lease_runs (each
+-- under its lock, on its shard, if still leasable).
+WITH due AS (
+    SELECT id
+    FROM runs
+    WHERE pull AND app_id = $2 AND ready_at <= now()
+      AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
+          = coalesce($6::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
+      AND options ->> 'concurrency' IS NULL
+      AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
+      AND (deadline_at IS NULL OR deadline_at > now())
+      AND ($5::boolean OR lease_token IS NULL)
+    ORDER BY priority DESC, ready_at
+    LIMIT $1
+)
+SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM due), $3, $4, '{}', $5)
+ORDER BY priority DESC, due_in;
+
+-- name: on_citus_claim_rate_limited
+-- claim_rate_limited on Citus: as on_citus_claim_pull (the window was counted under the
+-- limit's advisory lock, taken on the coordinator's session).
+WITH go AS (
+    SELECT id FROM runs
+    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+      AND rate_key IS NOT DISTINCT FROM $3::text
+      AND ($9::uuid IS NULL OR (app_id = $9 AND coalesce(
+         deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $9 AND d.current))
+         = coalesce($10::uuid, (SELECT d.id FROM deployments d
+                                WHERE d.app_id = $9 AND d.current))))
+    ORDER BY priority DESC, created_at, id
+    LIMIT $4
+)
+SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM go), $5, $6, $7, $8)
+ORDER BY priority DESC, created_at, id;
+
+-- name: on_citus_claim_capped
+-- claim_capped on Citus: the room counted and the candidates read without locks (under the
+-- cap's advisory lock, taken on the coordinator's session), the runs to hold held by
+-- citus_hold_runs and those with room leased by citus_lease_runs (each under its lock, on its
+-- shard, if still holdable or leasable: room not used is the next cycle's).
+WITH busy AS MATERIALIZED (
+    SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+      AND lease_token IS NOT NULL AND (ready_at > now() OR id = ANY ($9::uuid[]))
+),
+cand AS MATERIALIZED (
+    (SELECT id, priority, created_at FROM runs
+     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND held
+       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
+           = coalesce($11::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $10 AND d.current))))
+     ORDER BY priority DESC, created_at, id LIMIT $6)
+    UNION ALL
+    (SELECT id, priority, created_at FROM runs
+     WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
+       AND concurrency_key IS NOT DISTINCT FROM $7::text
+       AND ($8::boolean OR lease_token IS NULL) AND NOT (id = ANY ($9::uuid[]))
+       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
+           = coalesce($11::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $10 AND d.current))))
+     ORDER BY priority DESC, created_at, id LIMIT $6)
+),
+go AS MATERIALIZED (
+    SELECT c.id FROM cand c
+    ORDER BY c.priority DESC, c.created_at, c.id
+    LIMIT least($6::integer, (SELECT room FROM busy))
+),
+to_hold AS MATERIALIZED (
+    SELECT h.id FROM runs h
+    WHERE h.project_id = $1 AND h.workflow = $2
+      AND h.concurrency_key IS NOT DISTINCT FROM $7::text
+      AND h.ready_at <= now() AND NOT h.held
+      AND ($8::boolean OR h.lease_token IS NULL) AND NOT (h.id = ANY ($9::uuid[]))
+      AND h.id NOT IN (SELECT id FROM go)
+      AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
+),
+-- The holds first (their count), then the leases.
+held_now AS MATERIALIZED (
+    SELECT citus_hold_runs(ARRAY(SELECT id FROM to_hold), $5, $9, $8) AS n
+)
+SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM go), $4, $5, $9, $8)
+WHERE (SELECT n FROM held_now) IS NOT NULL
+ORDER BY priority DESC, created_at, id;
+
+-- name: on_citus_release_held
+-- release_held on Citus: the room counted first (Citus takes no subquery in a LIMIT over
+-- many shards), the held runs read without locks, each released in id order by run_unhold
+-- (whose condition, held still, is what the lock kept).
+WITH busy AS MATERIALIZED (
+    SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
+      AND lease_token IS NOT NULL AND ready_at > now()
+),
+held AS MATERIALIZED (
+    SELECT id, project_id, priority, created_at FROM runs
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $4::text
+      AND held
+    ORDER BY priority DESC, created_at, id
+    LIMIT $3
+),
+go AS MATERIALIZED (
+    SELECT g.id, g.project_id FROM (
+        SELECT id, project_id FROM held ORDER BY priority DESC, created_at, id
+        LIMIT (SELECT room FROM busy)) g
+    ORDER BY g.id
+)
+SELECT id FROM go WHERE run_unhold(id, project_id);
+
+-- name: on_citus_pull_lease
+-- pull_lease on Citus: the run read on its shard (citus_run), its lease's claim made here.
+SELECT (lease_claim_of(r, 0, false)).* FROM citus_run($1) r WHERE r.lease_token = $2 AND r.pull;
+
+-- name: on_citus_lost_pull_leases
+-- lost_pull_leases on Citus: the app's lapsed pull leases read first (a materialised CTE: the
+-- rows come to the coordinator), whose they are and their claims worked out there
+-- (pull_lease_lapse and lease_claim_of read reference tables, which a function called on a
+-- shard may not).
+WITH lapsed AS MATERIALIZED (
+    SELECT r.* FROM runs r
+    WHERE r.pull AND r.app_id = $1 AND r.lease_token IS NOT NULL
+      AND r.status IN ('running', 'cancelling') AND r.ready_at <= now()
+      AND (r.deadline_at IS NULL OR r.deadline_at > now())
+)
+SELECT (lease_claim_of(ROW(l.*)::runs, 0, false)).* FROM lapsed l
+WHERE pull_lease_lapse(ROW(l.*)::runs, $2) = 'lost'
+ORDER BY l.ready_at
+LIMIT 100;
+
+-- name: on_citus_next_pull_due_in
+-- next_pull_due_in on Citus: the leased runs read first, their lapses worked out on the
+-- coordinator (as on_citus_lost_pull_leases).
+WITH leased AS MATERIALIZED (
+    SELECT r.* FROM runs r WHERE r.pull AND r.app_id = $1 AND r.lease_token IS NOT NULL
+)
+SELECT extract(epoch FROM least(
+    (SELECT min(ready_at) FROM runs
+     WHERE ready_at IS NOT NULL AND pull AND app_id = $1 AND lease_token IS NULL
+       AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $1 AND d.current))
+           = coalesce($3::uuid, (SELECT d.id FROM deployments d
+                                 WHERE d.app_id = $1 AND d.current))),
+    (SELECT min(CASE WHEN pull_lease_lapse(ROW(l.*)::runs, $2) = 'unsure'
+                     THEN now() + make_interval(secs => least($2::double precision / 10, 1))
+                     ELSE l.ready_at END)
+     FROM leased l)
+) - now())::double precision;

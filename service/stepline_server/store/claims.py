@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from stepline.protocol import INLINE_RESULT_BYTES
 from stepline_server.engine import rates
-from stepline_server.store import citus_loop
+from stepline_server.store import citus_loop, db
 from stepline_server.store.db import Conn, Q, Record, on_citus
 
 
@@ -152,7 +152,9 @@ async def claim_rate_limited(
             *_scope_args(scope),
         )
         claimed = (
-            list(await conn.fetch(Q["claim_rate_limited"], *group, take, *how)) if take > 0 else []
+            list(await conn.fetch(db.query(conn, "claim_rate_limited"), *group, take, *how))
+            if take > 0
+            else []
         )
         later = times[len(claimed) :]
         if any(t > now for t in later):
@@ -184,7 +186,7 @@ async def claim_capped(
         args = (capped.workflow, capped.cap, lease.owner, lease.seconds, limit, capped.key)
         return list(
             await conn.fetch(
-                Q["claim_capped"], capped.project_id, *args, lease.takeovers,
+                db.query(conn, "claim_capped"), capped.project_id, *args, lease.takeovers,
                 list(lease.holding), *_scope_args(scope),
             )
         )  # fmt: skip
@@ -202,12 +204,11 @@ async def release_held(conn: Conn, capped: Capped | None = None) -> int:
         ]
     )
     released = 0
+    release = db.query(conn, "release_held")
     for c in todo:
         async with conn.transaction():
             await conn.execute(Q["lock_workflow"], c.project_id, c.workflow, c.key)
-            released += len(
-                await conn.fetch(Q["release_held"], c.project_id, c.workflow, c.cap, c.key)
-            )
+            released += len(await conn.fetch(release, c.project_id, c.workflow, c.cap, c.key))
     if released:
         await conn.execute(Q["notify_wake"])
     return released

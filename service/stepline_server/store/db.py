@@ -115,6 +115,20 @@ async def _init_pooled(conn: Conn) -> None:
         await conn.execute(Q["citus_session"])
 
 
+# Statements Citus refuses as written have a variant in citus.sql, named after them with
+# CITUS_VARIANT in front, run instead when the connection is on a Citus coordinator
+# (:func:`on_citus`; plain PostgreSQL keeps the statement as it is).
+CITUS_VARIANT = "on_citus_"
+
+
+def query(conn: Conn, name: str) -> str:
+    """The named statement ``name``, or on Citus its variant when it has one."""
+    variant = CITUS_VARIANT + name
+    if variant in Q and on_citus(conn):
+        return Q[variant]
+    return Q[name]
+
+
 async def _keep_session(conn: Conn) -> None:
     """Nothing to reset: the store sets no session state, LISTEN has its own connection and
     advisory locks are transaction-scoped. asyncpg's default reset costs a round trip on every

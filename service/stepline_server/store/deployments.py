@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+from stepline_server.store import db
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -62,11 +63,17 @@ async def delete(conn: Conn, app_id: uuid.UUID, deployment: Record, *, move: boo
     if deployment["current"]:
         raise IsCurrent("the current deployment cannot be deleted: register another first")
     async with conn.transaction():
+        if db.on_citus(conn):
+            # The runs moved one shard after another: the deployment, a reference table that
+            # runs refer to, may then be deleted in the same transaction.
+            await conn.execute(Q["citus_sequential_writes"])
         await conn.execute(Q["lock_app_deployments"], app_id)
         moved = 0
         if move:
             current = await conn.fetchval(Q["get_current_deployment"], app_id)
-            moved = len(await conn.fetch(Q["move_deployment_runs"], deployment["id"], current))
+            moved = len(
+                await conn.fetch(db.query(conn, "move_deployment_runs"), deployment["id"], current)
+            )
         else:
             left = await conn.fetchval(Q["deployment_runs_left"], deployment["id"])
             if left:

@@ -166,19 +166,22 @@ ORDER BY priority DESC, created_at, id;
 -- With lock_rate held: the due runs not yet started of workflow $2 (project $1) with rate key
 -- value $3, in the order they go (higher priority first, then oldest), come due at the times
 -- $4 gives them in that order, never past their deadline; a time not after now leaves its run
--- due (run_defer, each once all are locked in id order).
-WITH ranked AS (
-    SELECT id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS n FROM runs
-    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
-      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
-      AND rate_key IS NOT DISTINCT FROM $3::text
+-- due (run_defer, each in id order, its condition, not started still, checked under its row
+-- lock; no lock is taken first: on Citus that would be FOR UPDATE across shards). Only as many
+-- runs are read as $4 has times.
+WITH ranked AS MATERIALIZED (
+    SELECT id, project_id, row_number() OVER (ORDER BY priority DESC, created_at, id) AS n
+    FROM (SELECT id, project_id, priority, created_at FROM runs
+          WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+            AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+            AND rate_key IS NOT DISTINCT FROM $3::text
+          ORDER BY priority DESC, created_at, id
+          LIMIT cardinality($4::timestamptz[])) due
 ),
 go AS MATERIALIZED (
-    SELECT r.id, r.project_id, t.at FROM runs r
-    JOIN ranked ON ranked.id = r.id
+    SELECT ranked.id, ranked.project_id, t.at FROM ranked
     JOIN unnest($4::timestamptz[]) WITH ORDINALITY AS t(at, n) ON t.n = ranked.n
     WHERE t.at > now()
-    ORDER BY r.id
-    FOR UPDATE OF r
+    ORDER BY ranked.id
 )
 SELECT count(*) FILTER (WHERE run_defer(id, project_id, at)) FROM go;

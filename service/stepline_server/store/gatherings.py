@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from stepline_server.engine import gathering
-from stepline_server.store import runs
+from stepline_server.store import db, runs
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -55,7 +55,7 @@ async def gather(
         Q["lock_gathering_key"], new.project_id, new.workflow, spec.kind, key
     )
     events = [event_id] if event_id is not None else []
-    open_ = await conn.fetchrow(Q["open_gathering"], new.project_id, new.workflow, spec.kind, key)
+    open_ = await _open(conn, new.project_id, new.workflow, spec.kind, key)
     if open_ is not None:
         joined = await _join(conn, spec, open_, new.input, now, events)
         if joined is not None:
@@ -79,6 +79,21 @@ async def gather(
     )
     fired = gathering.is_full(spec, 1) and await fire(conn, created["id"]) is not None
     return Gathered(created["id"], created, 1, fired)
+
+
+async def _open(
+    conn: Conn, project_id: uuid.UUID, workflow: str, kind: str, key: str
+) -> Record | None:
+    """The open gathering of ``key``, locked until the transaction ends (open_gathering); on
+    Citus its run is found first, then the gathering is locked on that run's shard."""
+    group = (project_id, workflow, kind, key)
+    if not db.on_citus(conn):
+        return await conn.fetchrow(Q["open_gathering"], *group)
+    for run_id in [r["run_id"] for r in await conn.fetch(Q["on_citus_open_gathering"], *group)]:
+        found = await conn.fetchrow(Q["on_citus_lock_gathering"], *group, run_id)
+        if found is not None:
+            return found
+    return None
 
 
 async def _join(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from stepline_server.store import db
 from stepline_server.store.claims import Lease, PullScope, claim_gated
 from stepline_server.store.db import Conn, Q, Record
 
@@ -27,7 +28,7 @@ async def claim(
     lease = Lease(owner, lease_seconds, (), takeovers)
     claimed = list(
         await conn.fetch(
-            Q["claim_pull"],
+            db.query(conn, "claim_pull"),
             limit,
             app_id,
             lease.owner,
@@ -48,7 +49,7 @@ async def lost(conn: Conn, app_id: uuid.UUID, lease_seconds: float) -> list[Reco
     """The lapsed leases of pull app ``app_id``'s runs that their workers lost: last kept and
     lapsed while the orchestrator that gave them (this one or another) was serving, as its
     beats say; each in the shape every lease answers."""
-    return list(await conn.fetch(Q["lost_pull_leases"], app_id, lease_seconds))
+    return list(await conn.fetch(db.query(conn, "lost_pull_leases"), app_id, lease_seconds))
 
 
 async def next_due_in(
@@ -56,13 +57,15 @@ async def next_due_in(
 ) -> float | None:
     """Seconds until a run of pull app ``app_id`` on ``deployment`` (None: the current one)
     comes due (negative: overdue); None: none."""
-    value = await conn.fetchval(Q["next_pull_due_in"], app_id, lease_seconds, deployment)
+    value = await conn.fetchval(
+        db.query(conn, "next_pull_due_in"), app_id, lease_seconds, deployment
+    )
     return float(value) if value is not None else None
 
 
 async def leased(conn: Conn, run_id: uuid.UUID, token: str) -> Record | None:
     """Run ``run_id`` of a pull app while lease ``token`` holds it, else None."""
-    return await conn.fetchrow(Q["pull_lease"], run_id, token)
+    return await conn.fetchrow(db.query(conn, "pull_lease"), run_id, token)
 
 
 async def polled(conn: Conn, app_id: uuid.UUID) -> None:

@@ -3,8 +3,8 @@ made due again (a safety net: every transition is meant to leave one)."""
 
 from __future__ import annotations
 
-from stepline_server.store import alerts
-from stepline_server.store.db import Conn, Q, Record
+from stepline_server.store import alerts, db
+from stepline_server.store.db import Conn, Record
 
 
 async def repair_stuck(conn: Conn, limit: int = 500) -> list[Record]:
@@ -12,7 +12,7 @@ async def repair_stuck(conn: Conn, limit: int = 500) -> list[Record]:
     notification for each alert listening (in the same transaction: a crash loses neither);
     the runs repaired (id, project, workflow)."""
     async with conn.transaction():
-        repaired = list(await conn.fetch(Q["repair_stuck_runs"], limit))
+        repaired = list(await conn.fetch(db.query(conn, "repair_stuck_runs"), limit))
         for row in repaired:
             await alerts.record_run_stuck(conn, row["project_id"], row["id"])
     return repaired

@@ -10,7 +10,7 @@ from asyncpg import UniqueViolationError
 
 from stepline_server.engine import gathering, ids
 from stepline_server.engine import runs as rules
-from stepline_server.store import children, gatherings, leases, outcomes, progress, runs
+from stepline_server.store import children, db, gatherings, leases, outcomes, progress, runs
 from stepline_server.store.db import Conn, Q, Record
 
 
@@ -219,24 +219,32 @@ async def _retry(
 
 async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
     """Delete up to ``limit`` events received more than ``older_than_seconds`` ago; how many."""
-    status = await conn.execute(Q["delete_old_events"], older_than_seconds, limit)
+    status = await conn.execute(db.query(conn, "delete_old_events"), older_than_seconds, limit)
     return int(status.split()[-1])
 
 
 async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 500) -> int:
     """Delete up to ``limit`` runs that ended more than ``older_than_seconds`` ago."""
+    if db.on_citus(conn):
+        # Their children lose their parent here: on Citus no foreign key does it.
+        async with conn.transaction():
+            gone = [r["id"] for r in await conn.fetch(Q["on_citus_delete_old_runs"],
+                                                      older_than_seconds, limit)]  # fmt: skip
+            if gone:
+                await conn.execute(Q["on_citus_forget_parents"], gone)
+        return len(gone)
     status = await conn.execute(Q["delete_old_runs"], older_than_seconds, limit)
     return int(status.split()[-1])
 
 
 async def delete_old_ticks(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
     """Delete up to ``limit`` schedule ticks recorded more than ``older_than_seconds`` ago."""
-    status = await conn.execute(Q["delete_old_ticks"], older_than_seconds, limit)
+    status = await conn.execute(db.query(conn, "delete_old_ticks"), older_than_seconds, limit)
     return int(status.split()[-1])
 
 
 async def delete_old_history(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
     """Delete up to ``limit`` history events older than ``older_than_seconds`` of runs still
     going after that long."""
-    status = await conn.execute(Q["delete_old_history"], older_than_seconds, limit)
+    status = await conn.execute(db.query(conn, "delete_old_history"), older_than_seconds, limit)
     return int(status.split()[-1])
