@@ -288,7 +288,7 @@ async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
             calls: dict[str, tuple[str, tuple[object, ...]]] = {
                 "run_keep_lease": ("SELECT run_keep_lease($1, $2, $3, 30)", (token,)),
                 "run_begin": (
-                    "SELECT * FROM run_begin($1, $2, $3, $4, 1, true, 0, 1000)",
+                    "SELECT * FROM run_begin($1, $2, $3, $4, 1, true, 0, 1000, 'd')",
                     (token, invocation),
                 ),
                 "run_progress": (

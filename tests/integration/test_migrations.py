@@ -161,8 +161,8 @@ SCHEMA_CHANGES = [
     ("comments", "COMMENT ON CONSTRAINT apps_url_of_kind ON apps IS 'added'"),
     (
         "functions",
-        "CREATE OR REPLACE FUNCTION woken_ready_at(lease_token text, ready_at timestamptz)"
-        " RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT now() $$",
+        "CREATE OR REPLACE FUNCTION woken_ready_at(lease_token text, ready_at timestamptz,"
+        " at timestamptz) RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$ SELECT at $$",
     ),
     ("functions", "ALTER FUNCTION stepline_database_id() VOLATILE"),
     ("triggers", "ALTER TABLE steps DISABLE TRIGGER steps_version"),

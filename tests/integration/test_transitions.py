@@ -462,7 +462,7 @@ async def test_a_begin_is_fenced_and_makes_one_row_version(database_url: str) ->
         project = keys.DEFAULT_PROJECT
         token = await _leased(conn, run_id)
         invocation = await conn.fetchval("SELECT invocation_id FROM runs WHERE id = $1", run_id)
-        begin = "SELECT name, history_base FROM run_begin($1, $2, $3, $4, 1, true, 0, 1000)"
+        begin = "SELECT name, history_base FROM run_begin($1, $2, $3, $4, 1, true, 0, 1000, 'd')"
         count = "SELECT count(*) FROM run_events WHERE run_id = $1"
         events = await conn.fetchval(count, run_id)
         assert await conn.fetch(begin, run_id, project, "stale", invocation) == []

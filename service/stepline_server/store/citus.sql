@@ -290,9 +290,17 @@ SELECT * FROM citus_lease_run($1, $2, $3, $4, $5, $6);
 -- (heartbeat, one run: run_keep_lease delegated)
 SELECT run_keep_lease($1, $2, $3, $4::double precision);
 
+-- name: citus_run_invocations
+-- The project of runs $1 and the deployment each one's invocation goes to (the run's, else
+-- the app's last known one): what run_begin takes besides the lease.
+SELECT r.id, r.project_id, coalesce(d.deployment_id, a.deployment_id) AS invoked_deployment_id
+FROM runs r JOIN apps a ON a.id = r.app_id
+LEFT JOIN deployments d ON d.id = r.deployment AND NOT d.current
+WHERE r.id = ANY ($1::uuid[]);
+
 -- name: citus_begin
 -- (begin_invocations, one run: run_begin delegated)
-SELECT * FROM run_begin($1, $2, $3, $4, $5, $6, $7::double precision, $8::integer);
+SELECT * FROM run_begin($1, $2, $3, $4, $5, $6, $7::double precision, $8::integer, $9);
 
 -- name: citus_progress
 -- (progress, one run: run_progress delegated; the changes, callbacks and log lines its own)
@@ -304,9 +312,13 @@ SELECT * FROM run_progress($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::in
 SELECT run_suspend($1, $2, $3, $4);
 
 -- name: citus_end
--- (end_runs, one run: run_end delegated; its pg_notify reaches only the worker's listeners,
--- so citus_notify_ended follows it from the coordinator's session)
+-- (end_runs, one run: run_end delegated; then citus_has_children and citus_notify_ended from
+-- the coordinator's session, where the listeners are)
 SELECT * FROM run_end($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: citus_has_children
+-- Whether run $1 has children not ended (they may be on any shard).
+SELECT EXISTS (SELECT 1 FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling'));
 
 -- name: citus_notify_ended
 SELECT pg_notify('stepline_ended', $1::text);

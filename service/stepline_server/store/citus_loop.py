@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from stepline_server.store import citus
 from stepline_server.store.db import Conn, Q, Record
 
 CITUS_FORMS: dict[str, tuple[str, ...]] = {
     "claim_due": ("citus_shard_count", "citus_shard_runs", "citus_claim_on_shard"),
-    "lease_begin_now": ("citus_lease_run", "citus_begin"),
+    "lease_begin_now": ("citus_lease_run", "citus_run_invocations", "citus_begin"),
     "heartbeat": ("citus_run_projects", "citus_keep_lease"),
-    "begin_invocations": ("citus_run_projects", "citus_begin"),
+    "begin_invocations": ("citus_run_invocations", "citus_begin"),
     "progress": ("citus_run_projects", "citus_progress"),
     "suspend_runs": ("citus_run_projects", "citus_suspend"),
-    "end_runs": ("citus_run_projects", "citus_end", "citus_notify_ended"),
+    "end_runs": ("citus_run_projects", "citus_end", "citus_has_children", "citus_notify_ended"),
 }
 """The store's statements never run on Citus, each with the statements run there instead
 (``tests.citus.statements`` probes these in their place)."""
@@ -77,15 +77,29 @@ async def lease_run(
     )
 
 
+class Invocation(NamedTuple):
+    """What ``run_begin`` takes of a run besides its lease."""
+
+    project_id: uuid.UUID
+    deployment_id: str | None  # the deployment its invocation goes to
+
+
+async def invocations(conn: Conn, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, Invocation]:
+    """The project of each of ``run_ids`` that exists and the deployment its invocation goes
+    to (one read, no lock)."""
+    rows = await conn.fetch(Q["citus_run_invocations"], run_ids)
+    return {r["id"]: Invocation(r["project_id"], r["invoked_deployment_id"]) for r in rows}
+
+
 async def begin(
-    conn: Conn, run_id: uuid.UUID, project_id: uuid.UUID, token: str | None,
+    conn: Conn, run_id: uuid.UUID, of: Invocation, token: str | None,
     invocation_id: uuid.UUID, attempt: int, deltas: bool, lead: float, inline_max: int,
 ) -> list[Record]:  # fmt: skip
     """One run's begin (``run_begin``, delegated): its rows, as ``begin_invocations``'s."""
     return list(
         await conn.fetch(
-            Q["citus_begin"], run_id, project_id, token, invocation_id, attempt, deltas, lead,
-            inline_max,
+            Q["citus_begin"], run_id, of.project_id, token, invocation_id, attempt, deltas,
+            lead, inline_max, of.deployment_id,
         )
     )  # fmt: skip
 
@@ -117,7 +131,7 @@ async def begin_invocations(
 ) -> list[tuple[uuid.UUID, list[Record]]]:
     """``begin_invocations`` on Citus: each run begun by its own call (``run_begin``), in run id
     order, in one transaction; each begun run with its rows."""
-    of = await projects(conn, [uuid.UUID(s["run_id"]) for s in starts])
+    of = await invocations(conn, [uuid.UUID(s["run_id"]) for s in starts])
     begun: list[tuple[uuid.UUID, list[Record]]] = []
     async with conn.transaction():
         for s in sorted(starts, key=lambda s: s["run_id"]):
@@ -184,7 +198,8 @@ async def suspend_runs(conn: Conn, leases: list[dict[str, Any]]) -> set[uuid.UUI
 
 async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
     """``end_runs`` on Citus: each run ended by its own call (``run_end``), in run id order,
-    its end told to the listeners from this session; rows as ``end_runs`` answers them."""
+    whether it has children and its end told to the listeners from this session; rows as
+    ``end_runs`` answers them."""
     of = await projects(conn, [uuid.UUID(e["id"]) for e in ends])
     ended: list[Record] = []
     for e in sorted(ends, key=lambda e: e["id"]):
@@ -196,8 +211,11 @@ async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
             e["error"], e["event"], e["data"],
         )  # fmt: skip
         if row is not None:
+            has_children = await conn.fetchval(Q["citus_has_children"], run_id)
             await conn.execute(Q["citus_notify_ended"], run_id)
-            ended.append(_Row(id=run_id, project_id=of[run_id], **dict(row)))
+            ended.append(
+                _Row(id=run_id, project_id=of[run_id], has_children=has_children, **dict(row))
+            )
     return ended
 
 

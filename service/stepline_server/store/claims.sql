@@ -127,8 +127,14 @@ WITH q AS (
 ),
 -- (Locked before any run begins: a materialised CTE, or the planner may call run_begin below
 -- the lock.)
+-- The deployment each invocation goes to is read here (the run's, else the app's last known
+-- one) and passed to run_begin.
 locked AS MATERIALIZED (
-    SELECT q.*, runs.project_id FROM q JOIN runs ON runs.id = q.run_id
+    SELECT q.*, runs.project_id,
+           coalesce(d.deployment_id, a.deployment_id) AS invoked_deployment_id
+    FROM q JOIN runs ON runs.id = q.run_id
+    JOIN apps a ON a.id = runs.app_id
+    LEFT JOIN deployments d ON d.id = runs.deployment AND NOT d.current
     WHERE runs.lease_token = q.token AND runs.status IN ('running', 'cancelling')
     ORDER BY runs.id
     FOR UPDATE OF runs
@@ -136,5 +142,6 @@ locked AS MATERIALIZED (
 SELECT l.run_id, b.*
 FROM locked l
 CROSS JOIN LATERAL run_begin(l.run_id, l.project_id, l.token, l.invocation_id, l.attempt,
-                             l.deltas, $2::double precision, $3::integer) b
+                             l.deltas, $2::double precision, $3::integer,
+                             l.invoked_deployment_id) b
 ORDER BY l.run_id, b.position;

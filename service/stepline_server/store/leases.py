@@ -62,7 +62,8 @@ async def _take_now_on_citus(
     conn: Conn, run_id: uuid.UUID, lease: Lease, inline_max: int
 ) -> Taken | None:
     """:func:`take_now` on Citus: the lease on the run's shard (``citus_lease_run``), then its
-    begin (``run_begin``), both delegated to its worker: two statements."""
+    begin (``run_begin``, with the deployment its invocation goes to), both delegated to its
+    worker: three statements."""
     leased = await citus_loop.lease_run(
         conn, run_id, lease.owner, lease.seconds, list(lease.holding), lease.takeovers
     )
@@ -71,8 +72,11 @@ async def _take_now_on_citus(
     claim = Claim.of(leased)
     if leased["past_deadline"]:
         return Taken(claim, None)
+    of = await citus_loop.invocations(conn, [run_id])
+    if run_id not in of:
+        return Taken(claim, None)
     rows = await citus_loop.begin(
-        conn, run_id, leased["project_id"], leased["lease_token"], leased["invocation_id"],
+        conn, run_id, of[run_id], leased["lease_token"], leased["invocation_id"],
         leased["invoke_attempts"] + 1, True, 0.0, inline_max,
     )  # fmt: skip
     if not rows:

@@ -33,7 +33,12 @@ LEFT JOIN LATERAL (
     FROM run_begin((l.c).id, (l.c).project_id,
                    CASE WHEN NOT (l.c).past_deadline THEN (l.c).lease_token END,
                    (l.c).invocation_id, (l.c).invoke_attempts + 1, true, 0,
-                   $6::integer) WITH ORDINALITY AS f
+                   $6::integer,
+                   -- The deployment the invocation goes to: the run's, else the app's.
+                   (SELECT coalesce(d.deployment_id, a.deployment_id)
+                    FROM runs r JOIN apps a ON a.id = r.app_id
+                    LEFT JOIN deployments d ON d.id = r.deployment AND NOT d.current
+                    WHERE r.id = (l.c).id)) WITH ORDINALITY AS f
 ) b ON true
 -- The claim's columns (its status renamed: the step's goes by status), on the first row.
 LEFT JOIN LATERAL (SELECT (l.c).*) c (id, project_id, app_id, workflow, run_status)

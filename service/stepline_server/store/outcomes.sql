@@ -27,8 +27,9 @@ SELECT run_release(id, project_id, $2, $3::double precision) FROM runs WHERE id 
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its
 -- lease token, or when token is null (cancel, time limit), by run_end: their open steps are
 -- cancelled, the history gets their events and the end event (event, with data), alerts are
--- recorded and listeners hear of it. Answers, for each run ended, what the caller must still
--- settle. The runs are locked in id order before any ends (a materialised CTE: the planner
+-- recorded and listeners hear of it (stepline_ended, sent here). Answers, for each run ended,
+-- what the caller must still settle (has_children: it has children not ended). The runs are
+-- locked in id order before any ends (a materialised CTE: the planner
 -- would otherwise call run_end below the lock).
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item
@@ -45,7 +46,9 @@ locked AS MATERIALIZED (
     FOR UPDATE OF runs
 )
 SELECT l.id, l.project_id, e.parent_run_id, e.parent_step, e.schedule_id, e.status,
-       e.has_children
+       EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = l.id
+                                      AND c.status IN ('running', 'cancelling')) AS has_children,
+       pg_notify('stepline_ended', l.id::text) IS NULL AS told
 FROM locked l
 CROSS JOIN LATERAL run_end(l.id, l.project_id, l.token, l.status, l.output, l.error, l.event,
                            l.data) e;

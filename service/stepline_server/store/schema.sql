@@ -553,11 +553,11 @@ END
 $$;
 COMMENT ON FUNCTION lease_runs(uuid[], text, double precision, uuid[], boolean) IS 'The lease transition: every path that gives a run to an invocation calls it (its body says the rule).';
 
-CREATE FUNCTION woken_ready_at(lease_token text, ready_at timestamptz) RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN lease_token IS NULL THEN now() ELSE ready_at END
+CREATE FUNCTION woken_ready_at(lease_token text, ready_at timestamptz, at timestamptz)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN lease_token IS NULL THEN at ELSE ready_at END
 $$;
-COMMENT ON FUNCTION woken_ready_at(text, timestamptz) IS 'The wake rule: a run woken from outside (a callback, an event, a child''s end, a cancel) is due now, or, while an invocation holds it, right after that invocation (whose end sees wake_seq moved and makes it due).';
+COMMENT ON FUNCTION woken_ready_at(text, timestamptz, timestamptz) IS 'The wake rule: a run woken from outside (a callback, an event, a child''s end, a cancel) is due now (at: the caller''s now(), passed in so that the rule is IMMUTABLE, as Citus wants of a function called with a run''s columns), or, while an invocation holds it, right after that invocation (whose end sees wake_seq moved and makes it due).';
 
 -- Schedules and the ticks they planned.
 
@@ -701,6 +701,7 @@ CREATE FUNCTION append_run_events(p_run uuid, p_project uuid, p_events jsonb,
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     base bigint;
+    v_now timestamptz := now();
 BEGIN
     -- Appends p_events (a JSON array of {type, step_name, invocation_id, deployment_id,
     -- http_status, duration_ms, data, at}; invocation_id defaults to p_invocation, at to now())
@@ -723,7 +724,7 @@ BEGIN
     WITH added AS (
         INSERT INTO run_events (run_id, seq, project_id, at, type, step_name, invocation_id,
                                 deployment_id, http_status, duration_ms, data)
-        SELECT p_run, last.seq + x.ord, p_project, coalesce(x.at, now()), x.type, x.step_name,
+        SELECT p_run, last.seq + x.ord, p_project, coalesce(x.at, v_now), x.type, x.step_name,
                coalesce(x.invocation_id, p_invocation), x.deployment_id, x.http_status,
                x.duration_ms, x.data
         FROM (SELECT coalesce(max(e.seq), 0) AS seq FROM run_events e WHERE e.run_id = p_run) last,
@@ -742,6 +743,8 @@ COMMENT ON FUNCTION append_run_events(uuid, uuid, jsonb, uuid, boolean) IS 'Appe
 
 CREATE FUNCTION run_wake(p_run uuid, p_project uuid, p_events jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now timestamptz := now();
 BEGIN
     -- The wake transition: something outside the run (a callback completed, an event received,
     -- a child's end, a cancel request, a child deleted) moved it. A run not ended is due now,
@@ -750,7 +753,7 @@ BEGIN
     -- history. Answers whether the run was woken (false: ended, or not p_project's; nothing is
     -- appended). Touches only this run's row and history: a child's end wakes its parent by the
     -- caller calling this for the parent (store.children.resolve_child).
-    UPDATE runs SET wake_seq = wake_seq + 1, ready_at = woken_ready_at(lease_token, ready_at)
+    UPDATE runs SET wake_seq = wake_seq + 1, ready_at = woken_ready_at(lease_token, ready_at, v_now)
     WHERE id = p_run AND project_id = p_project AND status IN ('running', 'cancelling');
     IF NOT FOUND THEN
         RETURN false;
@@ -763,21 +766,25 @@ COMMENT ON FUNCTION run_wake(uuid, uuid, jsonb) IS 'The wake transition: a run n
 
 CREATE FUNCTION run_suspend(p_run uuid, p_project uuid, p_token text, p_acked boolean)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now timestamptz := now();
+    v_timer timestamptz;
 BEGIN
     -- The suspend transition: the invocation holding lease p_token ended with the run still
     -- running. The lease is released and the run comes due at its earliest timer (a sleep, a
     -- retry, a wait's timeout; its deadline at the latest), or at once when something woke it
     -- while the invocation ran (wake_seq moved since the claim); the next invocation may carry
     -- a delta only after one answered by an SDK that reads them (p_acked). Answers whether the
-    -- lease was still p_token's. Touches only this run's row.
+    -- lease was still p_token's. Touches only this run's rows. (The earliest timer is read
+    -- first: only the invocation holding the lease changes the run's steps.)
+    SELECT min(coalesce(s.wake_at, s.timeout_at)) INTO v_timer FROM steps s
+    WHERE s.run_id = p_run AND s.status IN ('sleeping', 'retrying', 'waiting');
     UPDATE runs SET
         lease_token = NULL, lease_owner = NULL, invoke_attempts = 0, undelivered_since = NULL,
         history_acked = CASE WHEN p_acked THEN runs.invocation_id END,
         ready_at = CASE
-            WHEN runs.wake_seq <> runs.claimed_wake_seq THEN now()
-            ELSE least(runs.deadline_at, (
-                SELECT min(coalesce(s.wake_at, s.timeout_at)) FROM steps s
-                WHERE s.run_id = p_run AND s.status IN ('sleeping', 'retrying', 'waiting')))
+            WHEN runs.wake_seq <> runs.claimed_wake_seq THEN v_now
+            ELSE least(runs.deadline_at, v_timer)
             END
     WHERE id = p_run AND project_id = p_project AND lease_token = p_token;
     RETURN FOUND;
@@ -789,6 +796,8 @@ CREATE FUNCTION run_release(p_run uuid, p_project uuid, p_token text, p_delay_ms
 RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     attempts integer;
+    v_now timestamptz := now();
+    v_due timestamptz := now() + make_interval(secs => p_delay_ms / 1000);
 BEGIN
     -- The release transition after a delivery failure: the invocation holding lease p_token
     -- could not reach the app. The lease is released and the run, still running, is due again
@@ -797,8 +806,8 @@ BEGIN
     -- Touches only this run's row.
     UPDATE runs SET
         lease_token = NULL, lease_owner = NULL, invoke_attempts = invoke_attempts + 1,
-        undelivered_since = coalesce(undelivered_since, now()),
-        ready_at = least(deadline_at, now() + make_interval(secs => p_delay_ms / 1000))
+        undelivered_since = coalesce(undelivered_since, v_now),
+        ready_at = least(deadline_at, v_due)
     WHERE id = p_run AND project_id = p_project AND lease_token = p_token
     RETURNING invoke_attempts INTO attempts;
     RETURN attempts;
@@ -819,19 +828,26 @@ $$;
 COMMENT ON FUNCTION run_request_cancel(uuid, uuid) IS 'The cancel request transition: running -> cancelling.';
 
 CREATE FUNCTION run_restart(p_run uuid, p_project uuid, p_trigger text) RETURNS SETOF runs
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now timestamptz := now();
+    v_deadline timestamptz;
+BEGIN
     -- The restart transition (a retry): the run goes again, due now, its time limit counted
     -- from now; its trigger becomes p_trigger when given (a retry asked for by a person).
     -- Answers the run as it is now. Touches only this run's row.
+    SELECT v_now + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+    INTO v_deadline FROM runs WHERE id = p_run AND project_id = p_project;
+    RETURN QUERY
     UPDATE runs SET
         trigger = coalesce(p_trigger, trigger),
         status = 'running', output = NULL, error = NULL, ended_at = NULL,
         cancel_requested = false, invoke_attempts = 0, undelivered_since = NULL,
-        ready_at = now(), lease_token = NULL, version = version + 1, history_snapshot = NULL,
-        history_invocation = NULL,
-        deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+        ready_at = v_now, lease_token = NULL, version = version + 1, history_snapshot = NULL,
+        history_invocation = NULL, deadline_at = v_deadline
     WHERE id = p_run AND project_id = p_project
-    RETURNING *
+    RETURNING *;
+END
 $$;
 COMMENT ON FUNCTION run_restart(uuid, uuid, text) IS 'The restart transition (a retry): the run goes again, due now.';
 
@@ -860,7 +876,8 @@ BEGIN
     ),
     cancelled AS (
         UPDATE callbacks c SET status = 'cancelled', completed_at = now()
-        FROM dropped WHERE c.id = dropped.callback_id AND c.status = 'pending'
+        FROM dropped
+        WHERE c.run_id = p_run AND c.id = dropped.callback_id AND c.status = 'pending'
     )
     SELECT count(*) INTO run_continue.steps FROM dropped;
     RETURN NEXT;
@@ -884,13 +901,16 @@ COMMENT ON FUNCTION run_resume(uuid, uuid) IS 'The resume transition: a run set 
 
 CREATE FUNCTION run_move(p_run uuid, p_project uuid, p_deployment uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_app uuid;
 BEGIN
     -- The move transition: a run not ended goes to deployment p_deployment of its own app (its
     -- next invocation goes to that deployment's URL). Answers whether it moved (false: ended,
     -- not found, or the deployment is not its app's). Touches only this run's row.
+    SELECT d.app_id INTO v_app FROM deployments d WHERE d.id = p_deployment;
     UPDATE runs r SET deployment = p_deployment
     WHERE r.id = p_run AND r.project_id = p_project AND r.status IN ('running', 'cancelling')
-      AND EXISTS (SELECT 1 FROM deployments d WHERE d.id = p_deployment AND d.app_id = r.app_id);
+      AND r.app_id = v_app;
     RETURN FOUND;
 END
 $$;
@@ -954,6 +974,9 @@ COMMENT ON FUNCTION run_defer(uuid, uuid, timestamptz) IS 'A run not yet started
 
 CREATE FUNCTION run_gather_input(p_run uuid, p_project uuid, p_input jsonb, p_append boolean)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_item jsonb := jsonb_build_array(p_input);
+    v_object boolean := jsonb_typeof(p_input) = 'object';
 BEGIN
     -- A run still gathering starts (not yet due, never leased, not started) takes one more
     -- start's input: a debounce's last start's input replaces it (p_append false; the
@@ -961,13 +984,13 @@ BEGIN
     -- event data is appended to the list (p_append true). Answers whether the run still
     -- gathers. Touches only this run's row.
     UPDATE runs SET
-        input = CASE WHEN p_append THEN coalesce(input, '[]'::jsonb) || jsonb_build_array(p_input)
+        input = CASE WHEN p_append THEN coalesce(input, '[]'::jsonb) || v_item
                      ELSE p_input END,
         concurrency_key = CASE WHEN p_append THEN concurrency_key
-                               WHEN jsonb_typeof(p_input) = 'object'
+                               WHEN v_object
                                THEN p_input ->> (options ->> 'concurrencyKey') END,
         rate_key = CASE WHEN p_append THEN rate_key
-                        WHEN jsonb_typeof(p_input) = 'object'
+                        WHEN v_object
                         THEN p_input ->> (options -> 'rateLimit' ->> 'key') END
     WHERE id = p_run AND project_id = p_project AND status = 'running' AND ready_at IS NULL
       AND lease_token IS NULL AND started_at IS NULL;
@@ -978,12 +1001,16 @@ COMMENT ON FUNCTION run_gather_input(uuid, uuid, jsonb, boolean) IS 'A gathering
 
 CREATE FUNCTION run_fire(p_run uuid, p_project uuid, p_events jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now timestamptz := now();
+    v_deadline timestamptz;
 BEGIN
     -- The fire transition of a gathering: the run that gathered starts is due now, its time
     -- limit counted from now, with p_events (run.debounced or run.batched) in its history.
     -- Answers whether the run still gathered. Touches only this run's row and history.
-    UPDATE runs SET ready_at = now(),
-        deadline_at = now() + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+    SELECT v_now + make_interval(secs => (options ->> 'timeoutMs')::double precision / 1000)
+    INTO v_deadline FROM runs WHERE id = p_run;
+    UPDATE runs SET ready_at = v_now, deadline_at = v_deadline
     WHERE id = p_run AND project_id = p_project AND status = 'running' AND ready_at IS NULL
       AND lease_token IS NULL AND started_at IS NULL;
     IF NOT FOUND THEN
@@ -1000,11 +1027,12 @@ CREATE FUNCTION run_keep_lease(p_run uuid, p_project uuid, p_token text,
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     cancelling boolean;
+    v_until timestamptz := now() + make_interval(secs => p_seconds);
 BEGIN
     -- The heartbeat: the lease p_token still holds is extended by p_seconds, never past the
     -- run's deadline (a run at its time limit comes due, to be ended). Answers whether a cancel
     -- was requested (NULL: the lease was lost). Touches only this run's row.
-    UPDATE runs SET ready_at = least(now() + make_interval(secs => p_seconds), deadline_at)
+    UPDATE runs SET ready_at = least(v_until, deadline_at)
     WHERE id = p_run AND project_id = p_project AND lease_token = p_token
     RETURNING coalesce(cancel_requested, false) INTO cancelling;
     RETURN cancelling;
@@ -1024,6 +1052,7 @@ DECLARE
     kept integer;
     kept_bytes bigint;
     dropped integer;
+    v_now timestamptz := now();
 BEGIN
     -- The progress transition: the invocation p_invocation holding lease p_token commits its
     -- step changes (p_changes: [{ord (1-based; a step's position is the seq of the ord-th of
@@ -1046,13 +1075,13 @@ BEGIN
     -- cancel_requested) is that version's. The last commit's time (a sleep counts from no
     -- earlier) is read by the subquery, which sees the row as it was before this update.
     UPDATE runs r SET
-        progress_at = now(),
+        progress_at = v_now,
         progress_seq = greatest(r.progress_seq, p_seq),
         progress_digest = CASE WHEN p_seq > 0 THEN p_digest ELSE r.progress_digest END,
         logs_dropped = r.logs_dropped + coalesce(p_logs_dropped, 0)
     WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
       AND r.invocation_id = p_invocation AND r.status IN ('running', 'cancelling')
-      AND (r.deadline_at IS NULL OR r.deadline_at > now())
+      AND (r.deadline_at IS NULL OR r.deadline_at > v_now)
       AND (p_seq = 0 OR r.progress_seq < p_seq)
     RETURNING r.cancel_requested, r.log_lines, r.log_bytes,
               r.logs_dropped - coalesce(p_logs_dropped, 0) AS logs_dropped,
@@ -1064,7 +1093,7 @@ BEGIN
         SELECT r.cancel_requested INTO was FROM runs r
         WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
           AND r.invocation_id = p_invocation AND r.status IN ('running', 'cancelling')
-          AND (r.deadline_at IS NULL OR r.deadline_at > now())
+          AND (r.deadline_at IS NULL OR r.deadline_at > v_now)
           AND p_seq <> 0 AND r.progress_seq = p_seq
           AND r.progress_digest IS NOT DISTINCT FROM p_digest;
         IF FOUND THEN
@@ -1108,16 +1137,16 @@ BEGIN
                             event_name, match)
     SELECT p_run, p_project, x.name, x.kind, x.status, base + x.ord - 1, x.attempt, x.output,
            x.error,
-           CASE WHEN x.ended THEN now() END,
+           CASE WHEN x.ended THEN v_now END,
            -- A sleep counts from when the workflow reached it (at_ms, the app's clock) as far
            -- as that lies between the invocation's last commit and now; else from now.
            CASE WHEN x.delay_ms IS NOT NULL
-                THEN CASE WHEN x.at_ms IS NULL THEN now()
+                THEN CASE WHEN x.at_ms IS NULL THEN v_now
                           ELSE greatest(was.progress_at,
-                                        least(now(), to_timestamp(x.at_ms / 1000.0)))
+                                        least(v_now, to_timestamp(x.at_ms / 1000.0)))
                      END + make_interval(secs => x.delay_ms::double precision / 1000) END,
            CASE WHEN x.timeout_ms IS NOT NULL
-                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END,
+                THEN v_now + make_interval(secs => x.timeout_ms::double precision / 1000) END,
            x.callback_id, x.child_run_id, x.event_name, x.match
     FROM jsonb_to_recordset(coalesce(p_changes, '[]')) AS x(
         ord integer, name text, kind step_kind, status step_status, attempt integer,
@@ -1130,7 +1159,7 @@ BEGIN
         callback_id = coalesce(excluded.callback_id, t.callback_id),
         child_run_id = coalesce(excluded.child_run_id, t.child_run_id),
         event_name = excluded.event_name, match = excluded.match,
-        started_at = CASE WHEN excluded.status = 'running' THEN now() ELSE t.started_at END
+        started_at = CASE WHEN excluded.status = 'running' THEN v_now ELSE t.started_at END
     WHERE t.status NOT IN ('completed', 'failed', 'cancelled');
     END IF;
     IF p_callbacks IS NOT NULL THEN
@@ -1139,11 +1168,11 @@ BEGIN
     INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
     SELECT x.id, p_project, p_run, x.step_name,
            CASE WHEN x.timeout_ms IS NOT NULL
-                THEN now() + make_interval(secs => x.timeout_ms::double precision / 1000) END
+                THEN v_now + make_interval(secs => x.timeout_ms::double precision / 1000) END
     FROM jsonb_to_recordset(coalesce(p_callbacks, '[]')) AS x(
         id uuid, step_name text, timeout_ms bigint)
-    ON CONFLICT (id) DO UPDATE SET
-        status = 'pending', body = NULL, created_at = now(), completed_at = NULL,
+    ON CONFLICT ON CONSTRAINT callbacks_pkey DO UPDATE SET
+        status = 'pending', body = NULL, created_at = v_now, completed_at = NULL,
         timeout_at = excluded.timeout_at
     WHERE callbacks.status <> 'pending';
     END IF;
@@ -1156,8 +1185,7 @@ COMMENT ON FUNCTION run_progress(uuid, uuid, text, uuid, jsonb, bigint, text, in
 CREATE FUNCTION run_end(
     p_run uuid, p_project uuid, p_token text, p_status run_status, p_output jsonb,
     p_error jsonb, p_event run_event_type, p_data jsonb,
-    OUT parent_run_id uuid, OUT parent_step text, OUT schedule_id text, OUT status run_status,
-    OUT has_children boolean
+    OUT parent_run_id uuid, OUT parent_step text, OUT schedule_id text, OUT status run_status
 ) RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     wf text;
@@ -1167,10 +1195,11 @@ BEGIN
     -- p_token is its lease token or is NULL (a cancel, a time limit). Its open steps are
     -- cancelled (and their pending callbacks), its history gets their step.cancelled events
     -- and the end event p_event (with p_data), the alerts listening for a failure or a time
-    -- out are recorded, and listeners hear of it (stepline_ended). Answers what the caller
-    -- must still settle (its parent, by resolve_child; its children, when it has some; its
-    -- schedule); no row when the run was not this token's or had ended. Touches only this
-    -- run's rows.
+    -- out are recorded. Answers what the caller must still settle (its parent, by
+    -- resolve_child; its schedule); no row when the run was not this token's or had ended.
+    -- Touches only this run's rows: the caller (end_runs) cancels its children and tells the
+    -- listeners (stepline_ended, from the caller's session: on Citus this body runs on the
+    -- run's worker, where nobody listens).
     UPDATE runs r SET
         status = p_status, output = p_output, error = p_error, ended_at = now(),
         ready_at = NULL, lease_token = NULL, lease_owner = NULL, version = r.version + 1
@@ -1189,7 +1218,8 @@ BEGIN
     ),
     cancelled_callbacks AS (
         UPDATE callbacks cb SET status = 'cancelled', completed_at = now()
-        FROM c WHERE cb.id = c.callback_id AND cb.status = 'pending'
+        FROM c
+        WHERE cb.run_id = p_run AND cb.id = c.callback_id AND cb.status = 'pending'
     )
     SELECT jsonb_agg(jsonb_build_object('type', 'step.cancelled', 'step_name', c.name,
                                         'data', jsonb_build_object('kind', c.kind))
@@ -1212,9 +1242,6 @@ BEGIN
                      AND (a.workflow IS NULL OR a.workflow = wf)
         ON CONFLICT DO NOTHING;
     END IF;
-    has_children := EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = p_run
-                                                   AND c.status IN ('running', 'cancelling'));
-    PERFORM pg_notify('stepline_ended', p_run::text);
     RETURN NEXT;
 END
 $$;
@@ -1222,7 +1249,7 @@ COMMENT ON FUNCTION run_end(uuid, uuid, text, run_status, jsonb, jsonb, run_even
 
 CREATE FUNCTION run_begin(
     p_run uuid, p_project uuid, p_token text, p_invocation uuid, p_attempt integer,
-    p_deltas boolean, p_lead double precision, p_inline_max integer
+    p_deltas boolean, p_lead double precision, p_inline_max integer, p_deployment text
 ) RETURNS TABLE (
     name text, kind step_kind, status step_status, "position" bigint, attempt integer,
     output jsonb, output_bytes integer, output_digest text, error jsonb, wake_at timestamptz,
@@ -1236,13 +1263,17 @@ DECLARE
     v_since pg_snapshot;
     v_base uuid;
     v_again boolean;
+    v_now timestamptz := now();
+    v_db text := stepline_database_id();
+    v_snapshot pg_snapshot;
 BEGIN
     -- The begin transition: the invocation p_invocation (attempt p_attempt) of the run leased
     -- to p_token begins, unless the lease went stale (no row: another orchestrator may hold the
     -- run now). What came due is settled (sleeps complete, those ending within p_lead seconds
     -- too, as of their end; event waits past their timeout complete with null; callbacks past
     -- theirs fail as timed out) and the invocation's start is recorded (invocation.started, with
-    -- the deployment it goes to: the run's, else the app's last known one). Answers the run's
+    -- p_deployment, the deployment it goes to, which the caller read with the lease: the run's,
+    -- else the app's last known one). Answers the run's
     -- steps in the order they were first recorded (a run with no steps to send: one row whose
     -- name is null): every step (history_base null) when its last invocation is not known or
     -- was not answered by an SDK that reads deltas (history_acked), or p_deltas is false, else
@@ -1257,45 +1288,48 @@ BEGIN
     -- A begin tried again after its commit went through unseen finds its invocation already
     -- begun: it records and settles nothing more and sends every step. Touches only this run's
     -- rows.
-    SELECT coalesce((SELECT d.deployment_id FROM deployments d
-                     WHERE d.id = r.deployment AND NOT d.current), a.deployment_id),
-           CASE WHEN coalesce(p_deltas, true) AND r.history_db = stepline_database_id()
+    SELECT CASE WHEN coalesce(p_deltas, true) AND r.history_db = v_db
                      AND r.history_acked = r.history_invocation
                      AND r.history_invocation IS DISTINCT FROM p_invocation
                 THEN r.history_snapshot END,
            r.history_invocation,
            r.history_invocation IS NOT DISTINCT FROM p_invocation
-    INTO v_deployment, v_since, v_base, v_again
-    FROM runs r JOIN apps a ON a.id = r.app_id
+    INTO v_since, v_base, v_again
+    FROM runs r
     WHERE r.id = p_run AND r.project_id = p_project AND r.lease_token = p_token
       AND r.status IN ('running', 'cancelling')
     FOR UPDATE OF r;
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    v_deployment := p_deployment;
+    -- (Taken before the steps are read: a step written in between is sent now and again next
+    -- time, never missed.)
+    v_snapshot := pg_current_snapshot();
     RETURN QUERY
     WITH resolved AS (
         UPDATE steps SET
             status = CASE WHEN steps.kind = 'callback' THEN 'failed' ELSE 'completed' END::step_status,
             error = CASE WHEN steps.kind = 'callback'
                 THEN '{"type": "CallbackTimeout", "code": "callback_timeout", "message": "the callback was not completed in time"}'::jsonb END,
-            ended_at = greatest(now(), CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
+            ended_at = greatest(v_now, CASE WHEN steps.status = 'sleeping' THEN steps.wake_at
                                             ELSE steps.timeout_at END)
         WHERE steps.run_id = p_run AND NOT v_again
           AND ((steps.status = 'sleeping'
-                AND steps.wake_at <= now() + make_interval(secs => p_lead))
+                AND steps.wake_at <= v_now + make_interval(secs => p_lead))
                OR (steps.status = 'waiting' AND steps.kind IN ('event', 'callback')
-                   AND steps.timeout_at <= now()))
+                   AND steps.timeout_at <= v_now))
         RETURNING steps.name, steps.kind, steps.callback_id, steps.status, steps.error,
                   steps.ended_at
     ),
     timed_out AS (
         UPDATE callbacks c SET status = 'timedOut', completed_at = resolved.ended_at
-        FROM resolved WHERE c.id = resolved.callback_id AND c.status = 'pending'
+        FROM resolved
+        WHERE c.run_id = p_run AND c.id = resolved.callback_id AND c.status = 'pending'
     ),
     -- When the invocation may start: now, or when the last sleep settled ends.
     starts AS (
-        SELECT greatest(now(), max(rv.ended_at)) AS at FROM resolved rv
+        SELECT greatest(v_now, max(rv.ended_at)) AS at FROM resolved rv
     ),
     evs AS (
         SELECT jsonb_agg(jsonb_build_object('at', x.at, 'type', x.type, 'step_name', x.name,
@@ -1319,8 +1353,8 @@ BEGIN
     -- The run's snapshot for the next invocation, and its history (appended once its row is
     -- updated: this reads r).
     r AS (
-        UPDATE runs SET history_snapshot = pg_current_snapshot(),
-                        history_invocation = p_invocation, history_db = stepline_database_id()
+        UPDATE runs SET history_snapshot = v_snapshot,
+                        history_invocation = p_invocation, history_db = v_db
         FROM evs WHERE runs.id = p_run AND evs.events IS NOT NULL
         RETURNING runs.id, evs.events
     ),
@@ -1336,7 +1370,7 @@ BEGIN
            s.output_digest, s.error, s.wake_at, s.callback_id, s.child_run_id,
            s.callback_status,
            coalesce(s.status = 'retrying' AND s.wake_at > starts.at, false) AS blocked,
-           extract(epoch FROM starts.at - now())::double precision AS wait_s, s.late_s,
+           extract(epoch FROM starts.at - v_now)::double precision AS wait_s, s.late_s,
            CASE WHEN v_since IS NOT NULL THEN v_base END AS history_base,
            size.steps AS history_steps, size.bytes AS history_bytes
     FROM starts
@@ -1349,10 +1383,11 @@ BEGIN
                s.output_bytes, s.output_digest, coalesce(rv.error, s.error) AS error, s.wake_at,
                s.callback_id, s.child_run_id,
                CASE WHEN rv.kind = 'callback' THEN 'timedOut'
-                    ELSE (SELECT c.status FROM callbacks c WHERE c.id = s.callback_id)
+                    ELSE (SELECT c.status FROM callbacks c
+                          WHERE c.run_id = p_run AND c.id = s.callback_id)
                END AS callback_status,
                CASE WHEN rv.name IS NOT NULL
-                    THEN extract(epoch FROM now() - CASE WHEN s.status = 'sleeping'
+                    THEN extract(epoch FROM v_now - CASE WHEN s.status = 'sleeping'
                                                          THEN s.wake_at
                                                          ELSE s.timeout_at END)::double precision
                END AS late_s
@@ -1366,4 +1401,4 @@ BEGIN
     ORDER BY s.position;
 END
 $$;
-COMMENT ON FUNCTION run_begin(uuid, uuid, text, uuid, integer, boolean, double precision, integer) IS 'The begin transition: an invocation of a leased run begins, timers due settled, its start in the history; answers the steps to send.';
+COMMENT ON FUNCTION run_begin(uuid, uuid, text, uuid, integer, boolean, double precision, integer, text) IS 'The begin transition: an invocation of a leased run begins, timers due settled, its start in the history; answers the steps to send.';
