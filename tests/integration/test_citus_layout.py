@@ -32,33 +32,16 @@ ON_CITUS = bool(os.environ.get("STEPLINE_TEST_CITUS"))
 # The named statements Citus 13.2 refuses on the laid-out schema (docs/scaling.md says why,
 # by cause; one with a Citus variant, store/citus.sql, is probed as its variant). A statement
 # made acceptable leaves this list; a new one may not join it.
-KNOWN_REFUSED = frozenset(
-    [
-        "citus_begin",  # run_begin's body (KNOWN_REFUSED_TRANSITIONS)
-        "citus_suspend",  # run_suspend's body
-    ]
-)
+KNOWN_REFUSED: frozenset[str] = frozenset()
 # (claim_due, lease_begin_now, heartbeat, begin_invocations, progress, suspend_runs and end_runs
-# left it: on Citus the store runs their Citus forms, store/citus_loop.py, which the probe runs
-# in their place.)
+# are not in the probe's list: on Citus the store runs their Citus forms, store/citus_loop.py,
+# which the probe runs in their place.)
 
 # The run transitions whose bodies Citus 13.2 refuses when delegated to a run's worker (called
 # one run at a time, on a leased run, in a transaction, as the run loop calls them on Citus):
-# each statement inside is still planned by Citus, and pinned to the run's shard.
-KNOWN_REFUSED_TRANSITIONS = frozenset(
-    [
-        "run_begin",  # queries must filter by the distribution argument
-        "run_continue",  # the same
-        "run_end",  # the same
-        "run_move",  # the same
-        "run_fire",  # STABLE functions used in UPDATE queries cannot be called with columns
-        "run_gather_input",  # non-IMMUTABLE functions in CASE or COALESCE
-        "run_progress",  # functions in DO UPDATE SET must be IMMUTABLE
-        "run_release",  # non-IMMUTABLE functions in CASE or COALESCE
-        "run_suspend",  # the same
-        "run_wake",  # the same
-    ]
-)
+# each statement inside is still planned by Citus, and pinned to the run's shard. None is
+# refused since migration 0034 (docs/scaling.md says what each needed).
+KNOWN_REFUSED_TRANSITIONS: frozenset[str] = frozenset()
 
 
 async def test_laying_out_does_nothing_on_plain_postgresql(database_url: str) -> None:

@@ -95,7 +95,7 @@ async def resolve_child(conn: Conn, child: Record) -> None:
 async def cancel_tree(conn: Conn, run_id: uuid.UUID, by: str | None = None) -> None:
     """Ask a running run to cancel: its waits are cancelled, its children too, and it wakes;
     ``by`` names who asked in its ``run.cancelling`` event (``data.by``)."""
-    if await conn.fetchval(Q["request_cancel"], run_id) is None:
+    if not await conn.fetchval(Q["request_cancel"], run_id):
         return
     cancelled = await conn.fetch(Q["cancel_waits"], run_id)
     callbacks = [r["callback_id"] for r in cancelled if r["callback_id"] is not None]

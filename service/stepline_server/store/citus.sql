@@ -470,6 +470,43 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION citus_fire_gathering(p_run uuid, p_due boolean)
+RETURNS TABLE (id uuid, project_id uuid, workflow text, kind text, starts integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    g record;
+    r record;
+BEGIN
+    -- fire_gatherings for run p_run alone: its gathering (when p_due, only once its time has
+    -- come) locked, passed over when another transaction holds it, deleted, and the run fired
+    -- (run_fire) with run.debounced or run.batched in its history. No row when nothing fired.
+    SELECT rg.kind, rg.starts, rg.event_ids INTO g FROM run_gatherings rg
+    WHERE rg.run_id = p_run AND (NOT p_due OR rg.fire_at <= now())
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    DELETE FROM run_gatherings rg WHERE rg.run_id = p_run;
+    SELECT ru.project_id, ru.workflow INTO r FROM runs ru WHERE ru.id = p_run;
+    IF NOT FOUND OR NOT run_fire(p_run, r.project_id, jsonb_build_array(
+        CASE g.kind WHEN 'debounce'
+             THEN jsonb_build_object('type', 'run.debounced',
+                                     'data', jsonb_build_object('starts', g.starts))
+             ELSE jsonb_build_object('type', 'run.batched',
+                                     'data', jsonb_build_object('size', g.starts,
+                                                                'eventIds', g.event_ids))
+        END)) THEN
+        RETURN;
+    END IF;
+    id := p_run;
+    project_id := r.project_id;
+    workflow := r.workflow;
+    kind := g.kind;
+    starts := g.starts;
+    RETURN NEXT;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION citus_move_run(p_run uuid, p_project uuid, p_from uuid,
                                           p_to uuid)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
@@ -555,6 +592,24 @@ woken AS MATERIALIZED (
 SELECT id, project_id, workflow, CASE WHEN EXISTS (SELECT 1 FROM woken)
                                       THEN pg_notify('stepline_wake', '') END
 FROM woken;
+
+-- name: on_citus_fire_gatherings
+-- fire_gatherings on Citus: the gathering of run $1, or with $1 null up to $2 whose time has
+-- come, read without locks, each fired on its run's shard by citus_fire_gathering (a gathering
+-- another transaction holds is passed over, as SKIP LOCKED does); the wake-up sent from the
+-- coordinator's session.
+WITH due AS MATERIALIZED (
+    SELECT run_id FROM run_gatherings
+    WHERE run_id = $1::uuid OR ($1::uuid IS NULL AND fire_at <= now())
+    ORDER BY fire_at
+    LIMIT $2
+),
+r AS MATERIALIZED (
+    SELECT f.* FROM due CROSS JOIN LATERAL citus_fire_gathering(due.run_id, $1::uuid IS NULL) f
+)
+SELECT id, project_id, workflow, kind, starts,
+       CASE WHEN EXISTS (SELECT 1 FROM r) THEN pg_notify('stepline_wake', '') END AS woken
+FROM r;
 
 -- name: on_citus_move_deployment_runs
 -- move_deployment_runs on Citus: the runs read without locks, each moved in id order by

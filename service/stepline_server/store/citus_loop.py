@@ -212,7 +212,7 @@ async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
         )  # fmt: skip
         if row is not None:
             has_children = await conn.fetchval(Q["citus_has_children"], run_id)
-            await conn.execute(Q["citus_notify_ended"], run_id)
+            await conn.execute(Q["citus_notify_ended"], str(run_id))
             ended.append(
                 _Row(id=run_id, project_id=of[run_id], has_children=has_children, **dict(row))
             )

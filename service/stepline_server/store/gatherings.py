@@ -13,7 +13,7 @@ from typing import Any
 
 from stepline_server.engine import gathering
 from stepline_server.store import db, runs
-from stepline_server.store.db import Conn, Q, Record
+from stepline_server.store.db import Conn, Q, Record, query
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ async def _join(
     run_id = open_["run_id"]
     if not open_["gathers"]:
         return None
-    query = "debounce_input" if spec.kind == gathering.DEBOUNCE else "batch_input"
-    if await conn.fetchval(Q[query], run_id, data) is None:
+    statement = "debounce_input" if spec.kind == gathering.DEBOUNCE else "batch_input"
+    if not await conn.fetchval(Q[statement], run_id, data):
         return None
     due = gathering.fire_at(spec, open_["first_at"], now)
     row = await conn.fetchrow(Q["join_gathering"], run_id, due, events)
@@ -121,14 +121,14 @@ async def _join(
 async def fire(conn: Conn, run_id: uuid.UUID) -> Fired | None:
     """Fire the gathering of ``run_id`` now: its run made due (``run.debounced`` or
     ``run.batched`` in its history); None when the run no longer gathers."""
-    row = await conn.fetchrow(Q["fire_gatherings"], run_id, 1)
+    row = await conn.fetchrow(query(conn, "fire_gatherings"), run_id, 1)
     return None if row is None else _fired(row)
 
 
 async def fire_due(conn: Conn, limit: int = 100) -> list[Fired]:
     """Fire up to ``limit`` gatherings whose time has come (each claimed, so two orchestrators
     never fire one twice)."""
-    return [_fired(row) for row in await conn.fetch(Q["fire_gatherings"], None, limit)]
+    return [_fired(row) for row in await conn.fetch(query(conn, "fire_gatherings"), None, limit)]
 
 
 def _fired(row: Record) -> Fired:

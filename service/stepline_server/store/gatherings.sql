@@ -46,13 +46,15 @@ RETURNING *;
 -- Gives debounced run $1 (still gathering) the input of its last start, $2, with the
 -- concurrency and rate limit key fields read from it as insert_run reads them.
 -- (run_gather_input.)
-SELECT id FROM runs WHERE id = $1 AND run_gather_input(id, project_id, $2::jsonb, false);
+-- (Answers whether it still gathers; the project read as wake reads it.)
+SELECT run_gather_input($1, (SELECT project_id FROM runs WHERE id = $1), $2::jsonb, false);
 
 -- name: batch_input
 -- Appends the data $2 of one more event to batch run $1 (still gathering): its input is the
 -- list of its events' data, in the order received.
 -- (run_gather_input.)
-SELECT id FROM runs WHERE id = $1 AND run_gather_input(id, project_id, $2::jsonb, true);
+-- (Answers whether it still gathers; the project read as wake reads it.)
+SELECT run_gather_input($1, (SELECT project_id FROM runs WHERE id = $1), $2::jsonb, true);
 
 -- name: fire_gatherings
 -- Fires the gathering of run $1 now (a batch that just filled; the caller holds its row), or,

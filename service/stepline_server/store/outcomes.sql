@@ -21,7 +21,9 @@ SELECT id FROM locked WHERE run_suspend(id, project_id, token, acked);
 -- name: invoke_failed
 -- The invocation of run $1 (lease $2) could not be delivered: the run stays running, due again
 -- in $3 ms (run_release); answers the failures counted, null when the lease was lost.
-SELECT run_release(id, project_id, $2, $3::double precision) FROM runs WHERE id = $1;
+-- (The run's project read by a subquery of the call's argument, and the call made alone: on
+-- Citus a transition called from a query on the run's shard is refused, while this is routed.)
+SELECT run_release($1, (SELECT project_id FROM runs WHERE id = $1), $2, $3::double precision);
 
 -- name: end_runs
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its

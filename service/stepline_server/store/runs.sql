@@ -108,7 +108,9 @@ LIMIT $4;
 -- name: append_events
 -- $1 run id, $2 jsonb array of {type, step_name, invocation_id, deployment_id, http_status,
 -- duration_ms, data}; numbers them after the run's last event (append_run_events).
-SELECT append_run_events(id, project_id, $2::jsonb) FROM runs WHERE id = $1;
+-- (The run's project read by a subquery of the call's argument, and the call made alone: on
+-- Citus a transition called from a query on the run's shard is refused, while this is routed.)
+SELECT append_run_events($1, (SELECT project_id FROM runs WHERE id = $1), $2::jsonb);
 
 -- name: insert_child_run
 -- A child run of workflow $3 for run $5's step $6: on its parent's deployment when it is of
@@ -131,8 +133,10 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
 -- name: request_cancel
--- Run $1, if running, becomes cancelling (run_request_cancel); no row otherwise.
-SELECT id FROM runs WHERE id = $1 AND run_request_cancel(id, project_id);
+-- Run $1, if running, becomes cancelling (run_request_cancel); answers whether it did.
+-- (The run's project read by a subquery of the call's argument, and the call made alone: on
+-- Citus a transition called from a query on the run's shard is refused, while this is routed.)
+SELECT run_request_cancel($1, (SELECT project_id FROM runs WHERE id = $1));
 
 -- name: lock_run
 SELECT * FROM runs WHERE project_id = $1 AND id = $2 FOR UPDATE;
@@ -162,8 +166,9 @@ WHERE (o.project_id, o.workflow, o.singleton_key)
 -- name: restart_run
 -- Run $1 goes again (run_restart); its trigger becomes $2 when given (a retry asked for by a
 -- person).
-SELECT x.* FROM runs r CROSS JOIN LATERAL run_restart(r.id, r.project_id, $2::text) x
-WHERE r.id = $1;
+-- (The run's project read by a subquery of the call's argument, and the call made alone: on
+-- Citus a transition called from a query on the run's shard is refused, while this is routed.)
+SELECT x.* FROM run_restart($1, (SELECT project_id FROM runs WHERE id = $1), $2::text) x;
 
 -- name: active_singleton
 -- The run of workflow $2 (project $1) not ended whose singleton key is input $3's field $4.

@@ -121,6 +121,8 @@ async def send_event(
             )
         rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data, key)
         matched = [row["id"] for row in rows]
+        if any(row["pull"] for row in rows):
+            await conn.execute(Q["notify_wake"])
         started: list[uuid.UUID] = []
         workflows: list[str] = []
         absorbed: list[str] = []

@@ -18,7 +18,9 @@ RETURNING name;
 -- name: wake
 -- Something outside run $1 moved it: run it now, or right after the active invocation, with
 -- what woke it ($2: events, or null) in its history (run_wake, the wake transition).
-SELECT run_wake(id, project_id, $2::jsonb) FROM runs WHERE id = $1;
+-- (The run's project read by a subquery of the call's argument, and the call made alone: on
+-- Citus a transition called from a query on the run's shard is refused, while this is routed.)
+SELECT run_wake($1, (SELECT project_id FROM runs WHERE id = $1), $2::jsonb);
 
 -- name: get_callback
 SELECT * FROM callbacks WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2);
@@ -129,8 +131,10 @@ w AS (
         WHERE n.run_id = n1.run_id)) AS woken
     FROM numbered n1 WHERE n1.k = 1
 )
--- A pull app's run wakes every orchestrator: their workers' polls claim it.
-SELECT w.run_id AS id, CASE WHEN r.pull THEN pg_notify('stepline_wake', '') END
+-- pull: a pull app's run, which wakes every orchestrator (their workers' polls claim it): the
+-- caller sends notify_wake (on Citus a notification in this statement would be sent on a
+-- worker, which refuses to prepare a two-phase commit after it and where nobody listens).
+SELECT w.run_id AS id, r.pull
 FROM w JOIN runs r ON r.id = w.run_id
 WHERE w.woken;
 

@@ -369,7 +369,7 @@ BEGIN
     IF p_changes IS NOT NULL THEN
     INSERT INTO steps AS t (run_id, project_id, name, kind, status, position, attempt, output,
                             error, ended_at, wake_at, timeout_at, callback_id, child_run_id,
-                            event_name, match)
+                            event_name, match, started_at)
     SELECT p_run, p_project, x.name, x.kind, x.status, base + x.ord - 1, x.attempt, x.output,
            x.error,
            CASE WHEN x.ended THEN v_now END,
@@ -382,7 +382,7 @@ BEGIN
                      END + make_interval(secs => x.delay_ms::double precision / 1000) END,
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN v_now + make_interval(secs => x.timeout_ms::double precision / 1000) END,
-           x.callback_id, x.child_run_id, x.event_name, x.match
+           x.callback_id, x.child_run_id, x.event_name, x.match, v_now
     FROM jsonb_to_recordset(coalesce(p_changes, '[]')) AS x(
         ord integer, name text, kind step_kind, status step_status, attempt integer,
         output jsonb, error jsonb, ended boolean, delay_ms bigint, timeout_ms bigint,
@@ -394,20 +394,22 @@ BEGIN
         callback_id = coalesce(excluded.callback_id, t.callback_id),
         child_run_id = coalesce(excluded.child_run_id, t.child_run_id),
         event_name = excluded.event_name, match = excluded.match,
-        started_at = CASE WHEN excluded.status = 'running' THEN v_now ELSE t.started_at END
+        -- (What DO UPDATE sets comes from excluded: Citus plans no parameter there.)
+        started_at = CASE WHEN excluded.status = 'running' THEN excluded.started_at
+                          ELSE t.started_at END
     WHERE t.status NOT IN ('completed', 'failed', 'cancelled');
     END IF;
     IF p_callbacks IS NOT NULL THEN
     -- A callback's id is derived from its run and step: an ended one comes back only when a
     -- retry runs its step again, and then it waits anew.
-    INSERT INTO callbacks (id, project_id, run_id, step_name, timeout_at)
-    SELECT x.id, p_project, p_run, x.step_name,
+    INSERT INTO callbacks (id, project_id, run_id, step_name, created_at, timeout_at)
+    SELECT x.id, p_project, p_run, x.step_name, v_now,
            CASE WHEN x.timeout_ms IS NOT NULL
                 THEN v_now + make_interval(secs => x.timeout_ms::double precision / 1000) END
     FROM jsonb_to_recordset(coalesce(p_callbacks, '[]')) AS x(
         id uuid, step_name text, timeout_ms bigint)
     ON CONFLICT ON CONSTRAINT callbacks_pkey DO UPDATE SET
-        status = 'pending', body = NULL, created_at = v_now, completed_at = NULL,
+        status = 'pending', body = NULL, created_at = excluded.created_at, completed_at = NULL,
         timeout_at = excluded.timeout_at
     WHERE callbacks.status <> 'pending';
     END IF;
