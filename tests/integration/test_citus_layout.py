@@ -25,6 +25,7 @@ from stepline_server.store import (
     runs,
 )
 from stepline_server.store.db import Q
+from tests.citus import plans
 from tests.citus.statements import probe
 
 ON_CITUS = bool(os.environ.get("STEPLINE_TEST_CITUS"))
@@ -313,3 +314,28 @@ async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
             assert refused == KNOWN_REFUSED_TRANSITIONS
     finally:
         await pool.close()
+
+
+# The statements that move or read one run, as the store runs them on Citus (the Citus forms
+# of the group statements in their place): each must be one shard's task. (complete_callback
+# finds its callback by id, on every shard, and its run then: docs/scaling.md.)
+ONE_RUN_STATEMENTS = (
+    "citus_lease_run", "citus_begin", "citus_progress", "citus_suspend", "citus_end",
+    "citus_keep_lease", "wake", "request_cancel", "restart_run", "continue_run",
+    "append_events", "invoke_failed", "debounce_input", "batch_input", "fail_step",
+    "resolve_child_step", "cancel_waits", "delete_steps_for_retry", "join_gathering",
+    "get_run", "run_steps", "state_record", "insert_run",
+)  # fmt: skip
+
+
+async def test_the_statements_moving_one_run_are_one_shards_task(database_url: str) -> None:
+    """On Citus: the plan of each statement that moves one run (explained with placeholder
+    values, custom plans) has every distributed scan run as one task: one shard's."""
+    if not ON_CITUS:
+        pytest.skip("STEPLINE_TEST_CITUS names no Citus cluster")
+    conn = await db.connect(database_url)
+    try:
+        found = {name: str(await plans.spans(conn, name)) for name in ONE_RUN_STATEMENTS}
+    finally:
+        await conn.close()
+    assert {n: s for n, s in found.items() if not s.startswith("one shard")} == {}
