@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import httpx
 import pytest
 
 import stepline
-from stepline_server.store import db
+from stepline_server.store import db, migrate
 from tests.ports import free_port
 from tests.support import app_server, orchestrator_stack
 
@@ -69,7 +70,33 @@ def _add_worker(database: str) -> int:
     return port
 
 
-async def test_a_rebalance_under_sleeping_and_waiting_runs_loses_nothing(database_url: str) -> None:
+def _cluster(*args: str) -> None:
+    subprocess.run(["bash", str(CLUSTER_SH), *args], check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+async def own_database() -> Any:
+    """A database of this test's own, made on every node by ``cluster.sh createdb`` and
+    migrated (so laid out), not copied from the tests' template: a worker added to a copy
+    fails, Citus propagating the template's database object to a node that lacks it."""
+    assert CLUSTER is not None
+    name = f"stepline_rebalance_{os.urandom(6).hex()}"
+    await asyncio.to_thread(_cluster, "createdb", CLUSTER, name)
+    port = Path(CLUSTER, "ports").read_text().split()[0]
+    dsn = f"postgresql://postgres@127.0.0.1:{port}/{name}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate.apply_migrations(conn)
+    finally:
+        await conn.close()
+    try:
+        yield dsn
+    finally:
+        await asyncio.to_thread(_cluster, "dropdb", CLUSTER, name)
+
+
+async def test_a_rebalance_under_sleeping_and_waiting_runs_loses_nothing(own_database: str) -> None:
+    database_url = own_database
     counts: dict[str, int] = {}
     urls: dict[str, str] = {}
     sl = moving_app(counts, urls)
