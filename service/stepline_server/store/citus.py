@@ -11,7 +11,7 @@ migration's table is laid out by the next ``stepline migrate``:
 * the tables that grow with runs are hashed by run id and colocated with ``runs`` (one run's
   rows, its steps, history, callbacks, logs, state, on one shard);
 * the other growing tables are hashed by their own key (events by id, schedule ticks by
-  schedule, a bulk action's runs by operation);
+  schedule, a bulk action's runs by operation, singleton keys by the key's id);
 
 Citus needs every primary key and unique index of a distributed table to include its
 distribution column, and foreign keys between distributed tables to join on their distribution
@@ -80,6 +80,7 @@ DISTRIBUTED: tuple[tuple[str, str, str], ...] = (
     ("events", "id", "none"),
     ("schedule_ticks", "schedule_id", "none"),
     ("operation_runs", "operation_id", "none"),
+    ("run_singletons", "id", "none"),
 )
 """(table, distribution column, colocated with): ``runs`` first, its colocation group's root."""
 

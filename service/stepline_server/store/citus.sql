@@ -8,8 +8,13 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 
 -- name: citus_session
 -- A pooled session on a Citus coordinator plans each statement for its values (the store's
--- sessions force generic plans elsewhere: db.SESSION_SETTINGS).
+-- sessions force generic plans elsewhere: db.SESSION_SETTINGS), and runs a statement over many
+-- shards one shard after another over one connection per worker: a transaction may then write
+-- a reference table after it (settling a run's schedule after an end's check of its children
+-- across shards), which Citus refuses after a parallel one. The run loop's statements each
+-- touch one shard, so this costs only the rarer statements that span shards.
 SET plan_cache_mode = force_custom_plan;
+SET citus.multi_shard_modify_mode = 'sequential';
 
 -- name: citus_sequential_writes
 -- This transaction's statements that write many shards do it one shard after another, over
@@ -312,16 +317,19 @@ SELECT * FROM run_progress($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::in
 SELECT run_suspend($1, $2, $3, $4);
 
 -- name: citus_end
--- (end_runs, one run: run_end delegated; then citus_has_children and citus_notify_ended from
--- the coordinator's session, where the listeners are)
+-- (end_runs, one run: run_end delegated; then citus_after_end from the coordinator's session)
 SELECT * FROM run_end($1, $2, $3, $4, $5, $6, $7, $8);
 
--- name: citus_has_children
--- Whether run $1 has children not ended (they may be on any shard).
-SELECT EXISTS (SELECT 1 FROM runs WHERE parent_run_id = $1 AND status IN ('running', 'cancelling'));
-
--- name: citus_notify_ended
-SELECT pg_notify('stepline_ended', $1::text);
+-- name: citus_after_end
+-- What end_runs does beside run_end, for run $1 (project $2) ended $3 with error $4: whether it
+-- has children not ended (they may be on any shard), its alerts recorded (a reference table,
+-- written from here) and its end told to the listeners (who listen on the coordinator).
+SELECT EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = $1
+                                      AND c.status IN ('running', 'cancelling')) AS has_children,
+       pg_notify('stepline_ended', $1::text) IS NULL AS told,
+       CASE WHEN $3::run_status IN ('failed', 'timedOut')
+            THEN record_run_alerts($2, $1, (SELECT workflow FROM runs WHERE id = $1),
+                                   $3::run_status, $4::jsonb) END AS alerted;
 
 
 -- ---------------------------------------------------------------------------------------

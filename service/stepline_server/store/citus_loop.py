@@ -35,7 +35,7 @@ CITUS_FORMS: dict[str, tuple[str, ...]] = {
     "begin_invocations": ("citus_run_invocations", "citus_begin"),
     "progress": ("citus_run_projects", "citus_progress"),
     "suspend_runs": ("citus_run_projects", "citus_suspend"),
-    "end_runs": ("citus_run_projects", "citus_end", "citus_has_children", "citus_notify_ended"),
+    "end_runs": ("citus_run_projects", "citus_end", "citus_after_end"),
 }
 """The store's statements never run on Citus, each with the statements run there instead
 (``tests.citus.statements`` probes these in their place)."""
@@ -198,7 +198,8 @@ async def suspend_runs(conn: Conn, leases: list[dict[str, Any]]) -> set[uuid.UUI
 
 async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
     """``end_runs`` on Citus: each run ended by its own call (``run_end``), in run id order,
-    whether it has children and its end told to the listeners from this session; rows as
+    then from this session whether it has children, its alerts and its end told to the
+    listeners; rows as
     ``end_runs`` answers them."""
     of = await projects(conn, [uuid.UUID(e["id"]) for e in ends])
     ended: list[Record] = []
@@ -211,8 +212,10 @@ async def end_runs(conn: Conn, ends: list[dict[str, Any]]) -> list[Record]:
             e["error"], e["event"], e["data"],
         )  # fmt: skip
         if row is not None:
-            has_children = await conn.fetchval(Q["citus_has_children"], run_id)
-            await conn.execute(Q["citus_notify_ended"], str(run_id))
+            after = await conn.fetchrow(
+                Q["citus_after_end"], run_id, of[run_id], row["status"], e["error"]
+            )
+            has_children = after["has_children"]
             ended.append(
                 _Row(id=run_id, project_id=of[run_id], has_children=has_children, **dict(row))
             )

@@ -28,8 +28,8 @@ SELECT run_release($1, (SELECT project_id FROM runs WHERE id = $1), $2, $3::doub
 -- name: end_runs
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its
 -- lease token, or when token is null (cancel, time limit), by run_end: their open steps are
--- cancelled, the history gets their events and the end event (event, with data), alerts are
--- recorded and listeners hear of it (stepline_ended, sent here). Answers, for each run ended,
+-- cancelled, the history gets their events and the end event (event, with data); here its
+-- alerts are recorded (record_run_alerts) and listeners hear of it (stepline_ended). Answers, for each run ended,
 -- what the caller must still settle (has_children: it has children not ended). The runs are
 -- locked in id order before any ends (a materialised CTE: the planner
 -- would otherwise call run_end below the lock).
@@ -41,7 +41,7 @@ WITH q AS (
         WHERE jsonb_typeof(item) = 'object'
 ),
 locked AS MATERIALIZED (
-    SELECT q.*, runs.project_id FROM runs JOIN q ON q.id = runs.id
+    SELECT q.*, runs.project_id, runs.workflow FROM runs JOIN q ON q.id = runs.id
     WHERE (q.token IS NULL OR runs.lease_token = q.token)
       AND runs.status IN ('running', 'cancelling')
     ORDER BY runs.id
@@ -50,7 +50,10 @@ locked AS MATERIALIZED (
 SELECT l.id, l.project_id, e.parent_run_id, e.parent_step, e.schedule_id, e.status,
        EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = l.id
                                       AND c.status IN ('running', 'cancelling')) AS has_children,
-       pg_notify('stepline_ended', l.id::text) IS NULL AS told
+       pg_notify('stepline_ended', l.id::text) IS NULL AS told,
+       CASE WHEN e.status IN ('failed', 'timedOut')
+            THEN record_run_alerts(l.project_id, l.id, l.workflow, e.status, l.error) END
+           AS alerted
 FROM locked l
 CROSS JOIN LATERAL run_end(l.id, l.project_id, l.token, l.status, l.output, l.error, l.event,
                            l.data) e;

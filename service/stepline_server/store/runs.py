@@ -164,9 +164,9 @@ async def restart(
     ``run.retried`` event keeps the trigger it had), and a ``run.started`` event follows it;
     ``by`` names who asked (``data.by`` of both, e.g. a bulk operation). In a transaction, with
     the run locked. Raises :class:`~stepline_server.engine.runs.RuleError` while another run not
-    ended holds its singleton key (a unique index backs this: two retries at once cannot both
-    pass)."""
-    holder = await conn.fetchval(Q["singleton_holder"], run_id)
+    ended holds its singleton key (the run takes the key first: two retries, or a retry and a
+    start, take turns on it)."""
+    holder = await conn.fetchval(Q["take_run_singleton"], run_id)
     if holder is not None:
         raise rules.RuleError(rules.singleton_taken(holder))
     before = await conn.fetchval(Q["run_trigger"], run_id) if trigger is not None else None

@@ -5,7 +5,7 @@
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
 -- the workflow is not registered or the id, the run key or an active run of its singleton key
--- exists ($13: the event that started it; $14: its priority; the input's concurrency, singleton
+-- exists (take_singleton: the run takes its key first) ($13: the event that started it; $14: its priority; the input's concurrency, singleton
 -- and rate limit key fields are read as the workflow's options name them). A run of a pull app
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_begin_now). $15: the id the event's sender gave.
@@ -36,6 +36,10 @@ r AS (
                 THEN $4::jsonb ->> (w.options -> 'rateLimit' ->> 'key') END,
            $15::text, w.deployment
     FROM w
+    WHERE w.options ->> 'singletonKey' IS NULL
+       OR take_singleton($2, $3, CASE WHEN jsonb_typeof($4::jsonb) = 'object'
+                                      THEN $4::jsonb ->> (w.options ->> 'singletonKey') END,
+                         $1) IS NULL
     ON CONFLICT DO NOTHING
     RETURNING *
 )
@@ -153,6 +157,15 @@ WHERE run_id = $1
 
 -- name: run_trigger
 SELECT trigger FROM runs WHERE id = $1;
+
+-- name: take_run_singleton
+-- Run $1 (going again) takes its singleton key (take_singleton): NULL when it holds it now (or
+-- has none), else the run not ended that does.
+-- (Called alone with its arguments read by subqueries: on Citus it runs on the coordinator,
+-- the key's row and the holder on other shards than the run.)
+SELECT take_singleton((SELECT project_id FROM runs WHERE id = $1),
+                      (SELECT workflow FROM runs WHERE id = $1),
+                      (SELECT singleton_key FROM runs WHERE id = $1), $1);
 
 -- name: singleton_holder
 -- The run not ended, other than run $1, that holds run $1's singleton key (of its workflow and
