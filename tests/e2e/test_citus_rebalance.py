@@ -1,17 +1,21 @@
 """A Citus cluster grows under running workflows: a worker is added and the shards rebalanced
 (``citus_rebalance_start``) while runs sleep and wait on callbacks; every run completes with
-the right output and no step runs twice. Only on a Citus cluster (``STEPLINE_TEST_CITUS``,
-``tests/citus/README.md``); skipped on plain PostgreSQL."""
+the right output and no step runs twice. Only where Citus runs the tests
+(``STEPLINE_TEST_CITUS``, ``tests/citus/README.md``), on a cluster of the test's own; skipped on
+plain PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -57,50 +61,65 @@ def moving_app(counts: dict[str, int], urls: dict[str, str]) -> stepline.Steplin
     return sl
 
 
-def _add_worker(database: str) -> int:
-    """Start one more worker in the test cluster with this test's database on it, and add it
-    to that database (``cluster.sh addworker``); its port."""
-    port = free_port()
-    subprocess.run(
-        ["bash", str(CLUSTER_SH), "addworker", str(CLUSTER), str(port), database],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return port
-
-
 def _cluster(*args: str) -> None:
-    subprocess.run(["bash", str(CLUSTER_SH), *args], check=True, capture_output=True, timeout=120)
+    subprocess.run(["bash", str(CLUSTER_SH), *args], check=True, capture_output=True, timeout=180)
+
+
+def _two_free_ports() -> int:
+    """A port with the next one free too (a coordinator and its worker)."""
+    while True:
+        port = free_port()
+        if port + 1 < 32000:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+
+
+@dataclass
+class OwnCluster:
+    folder: str
+    dsn: str
+    database: str
 
 
 @pytest.fixture
-async def own_database() -> Any:
-    """A database of this test's own, made on every node by ``cluster.sh createdb`` and
-    migrated (so laid out), not copied from the tests' template: a worker added to a copy
-    fails, Citus propagating the template's database object to a node that lacks it."""
-    assert CLUSTER is not None
-    name = f"stepline_rebalance_{os.urandom(6).hex()}"
-    await asyncio.to_thread(_cluster, "createdb", CLUSTER, name)
-    port = Path(CLUSTER, "ports").read_text().split()[0]
-    dsn = f"postgresql://postgres@127.0.0.1:{port}/{name}"
-    conn = await asyncpg.connect(dsn)
+async def own_cluster() -> Any:
+    """A Citus cluster of this test's own (a coordinator and one worker, ``cluster.sh start``)
+    with a database made on both and migrated (so laid out): the worker this test adds stays in
+    its cluster, which is stopped at the end, and the cluster the other tests share keeps its
+    nodes."""
+    # (A folder of its own under the system's temporary folder, open to the postgres user the
+    # servers run as: pytest's tmp_path is under a folder only root may enter.)
+    top = Path(tempfile.mkdtemp(prefix="stepline-rebalance-"))
+    top.chmod(0o755)
+    folder = top / "cluster"
+    port = _two_free_ports()
+    await asyncio.to_thread(_cluster, "start", str(folder), str(port), "1")
     try:
-        await migrate.apply_migrations(conn)
+        name = "stepline_rebalance"
+        await asyncio.to_thread(_cluster, "createdb", str(folder), name)
+        dsn = f"postgresql://postgres@127.0.0.1:{port}/{name}"
+        conn = await asyncpg.connect(dsn)
+        try:
+            await migrate.apply_migrations(conn)
+        finally:
+            await conn.close()
+        yield OwnCluster(str(folder), dsn, name)
     finally:
-        await conn.close()
-    try:
-        yield dsn
-    finally:
-        await asyncio.to_thread(_cluster, "dropdb", CLUSTER, name)
+        await asyncio.to_thread(_cluster, "stop", str(folder))
+        shutil.rmtree(top, ignore_errors=True)
 
 
-async def test_a_rebalance_under_sleeping_and_waiting_runs_loses_nothing(own_database: str) -> None:
-    database_url = own_database
+async def test_a_rebalance_under_sleeping_and_waiting_runs_loses_nothing(
+    own_cluster: OwnCluster,
+) -> None:
+    database_url = own_cluster.dsn
     counts: dict[str, int] = {}
     urls: dict[str, str] = {}
     sl = moving_app(counts, urls)
-    database = urlsplit(database_url).path.lstrip("/")
     async with orchestrator_stack(database_url) as stack, app_server(sl) as app_url:
         await stack.register(sl, app_url)
         # Half sleep past the rebalance, half are waiting on their callback when it starts.
@@ -112,7 +131,11 @@ async def test_a_rebalance_under_sleeping_and_waiting_runs_loses_nothing(own_dat
             while run_id not in urls:
                 await asyncio.sleep(0.05)
 
-        port = await asyncio.to_thread(_add_worker, database)
+        # One more worker, started and added to the database (cluster.sh addworker).
+        port = free_port()
+        await asyncio.to_thread(
+            _cluster, "addworker", own_cluster.folder, str(port), own_cluster.database
+        )
         conn = await db.connect(database_url)
         try:
             # (citus_add_node made the schema's distributed functions and reference tables

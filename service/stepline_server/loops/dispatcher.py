@@ -183,17 +183,19 @@ class Dispatcher:
             free = self._room()
             claimed: list[Claim] = []
             if free > 0:
-                asked = time.monotonic()
                 rows = await claims.claim_leased(
                     conn, self.lease(), free, self.settings.timer_lead_seconds
                 )
+                # A wait the database counted from its now() is counted here from the answer:
+                # it then ends late by the statement's time at most, never early.
+                answered = time.monotonic()
                 claimed = [Claim.of(row) for row in rows]
                 if claimed:
                     self.metrics.lease_taken_over(sum(row.taken_over for row in claimed))
                     for row in claimed:
                         self._inflight[row.id] = row.lease_token
                         if row.due_in > 0:
-                            self._not_before[row.id] = asked + row.due_in
+                            self._not_before[row.id] = answered + row.due_in
                     # The next claim need not wait for these invocations to begin.
                     self._queue_begin(claimed)
             if claimed and len(claimed) == free:
@@ -285,6 +287,7 @@ class Dispatcher:
                 self._inflight.pop(row.id, None)
                 self._not_before.pop(row.id, None)
             return False
+        answered = time.monotonic()
         for row in claimed:
             if not row.past_deadline and row.id not in begun:
                 # Its claim went stale before it began (another orchestrator holds the run now):
@@ -299,7 +302,8 @@ class Dispatcher:
             self._timers[row.id] = timers  # how late each fired is measured at the call
             not_before = self._not_before.pop(row.id, 0.0)
             if run is not None and run.wait_s > 0:
-                not_before = max(not_before, asked + run.wait_s)
+                # (Counted from the answer, as a claim's due_in is: late, never early.)
+                not_before = max(not_before, answered + run.wait_s)
             invocation = self._handle(row, run, not_before)
             self._spawn(invocation, f"invoke-{row.id}", frees_slot=True)
         return True

@@ -12,9 +12,13 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 -- shards one shard after another over one connection per worker: a transaction may then write
 -- a reference table after it (settling a run's schedule after an end's check of its children
 -- across shards), which Citus refuses after a parallel one. The run loop's statements each
--- touch one shard, so this costs only the rarer statements that span shards.
+-- touch one shard, so this costs only the rarer statements that span shards. It also shows
+-- the shards' own tables in pg_class (the coordinator holds the reference tables' shards):
+-- hiding them filters every pg_class row through a function, which made asyncpg's lookup of
+-- a type it does not know (uuid[], once per session) take half a second there, against 10 ms.
 SET plan_cache_mode = force_custom_plan;
 SET citus.multi_shard_modify_mode = 'sequential';
+SET citus.override_table_visibility = off;
 
 -- name: citus_sequential_writes
 -- This transaction's statements that write many shards do it one shard after another, over

@@ -102,7 +102,7 @@ SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "jit": "off"}
 # connection asyncpg's catalogue query for types it does not know (PostgreSQL takes about ten
 # milliseconds to plan it); for the same reason the hot statements take their lists as one
 # jsonb parameter, not arrays (asyncpg looks array types up too).
-ENUMS = ("run_status", "step_kind", "step_status")
+ENUMS = ("run_status", "step_kind", "step_status", "run_event_type")
 
 
 async def _init_pooled(conn: Conn) -> None:
