@@ -12,7 +12,7 @@ import asyncpg
 
 from stepline.protocol import PROTOCOL_VERSION
 from stepline_server.engine.events import EventType
-from stepline_server.store import runs
+from stepline_server.store import db, runs
 from stepline_server.store.db import Conn, Q, Record
 
 _UNIQUE_NAME = "apps_project_id_name_key"  # UNIQUE (project_id, name) in schema.sql
@@ -115,7 +115,7 @@ async def update(
     try:
         return await conn.fetchrow(Q["update_app"], project_id, app_id, url, name)
     except asyncpg.UniqueViolationError as exc:
-        if exc.constraint_name == _UNIQUE_NAME:
+        if db.constraint_name(exc) == _UNIQUE_NAME:
             raise NameTaken(f"the project already has an app named {name!r}") from None
         raise
 

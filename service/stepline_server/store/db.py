@@ -175,6 +175,16 @@ starting up or demoted), rather than a statement that was wrong: the same work m
 again, on the primary there is then."""
 
 
+_SHARD_SUFFIX = re.compile(r"_\d{6,}$")
+
+
+def constraint_name(exc: asyncpg.PostgresError) -> str | None:
+    """The constraint a violation names, as the schema names it: on Citus the violation is a
+    shard's, whose constraint carries the shard's id (``apps_project_id_name_key_102014``)."""
+    name = getattr(exc, "constraint_name", None)
+    return _SHARD_SUFFIX.sub("", name) if name else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the database went away (see :data:`UNAVAILABLE`)."""
     return isinstance(exc, UNAVAILABLE)
