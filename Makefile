@@ -44,11 +44,17 @@ check: install
 
 # The tests on a local Citus cluster (tests/citus/README.md): Citus built and installed with
 # ../shared/citus/build.sh (needs root the first time), a coordinator and two workers started on
-# loopback from CITUS_PORT (default 9700), CITUS_TESTS run against the coordinator, the cluster
-# stopped at the end.
-CITUS_TESTS ?= -q tests/e2e
+# loopback from CITUS_PORT (default 9700), CITUS_TESTS (the e2e suite and the model-based test
+# at its short budget) run against the coordinator, the cluster stopped; then the chaos run on
+# a Citus cluster of its own (tests/chaos, --citus; CITUS_CHAOS_ARGS adds flags). Fails when
+# either fails.
+CITUS_TESTS ?= -q -rfE tests/e2e tests/model/test_model.py
+CITUS_CHAOS_ARGS ?=
 citus: install
-	tests/citus/run.sh $(CITUS_TESTS)
+	status=0; \
+	tests/citus/run.sh $(CITUS_TESTS) || status=1; \
+	$(BIN)/python -m tests.chaos --citus $(CITUS_CHAOS_ARGS) || status=1; \
+	exit $$status
 
 # The image built with podman, the compose file and the Kubernetes manifests validated
 # (deploy/check.sh says which tools it needs).

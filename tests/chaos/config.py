@@ -3,7 +3,8 @@
 Each flag has a variable (``--runs`` and ``CHAOS_RUNS``, ``--step-ms`` and ``CHAOS_STEP_MS``,
 ...); a flag wins over its variable, which wins over the preset (``--size``: ``small``, run by
 ``make test``, or ``default``). ``--stress`` is the lease-stress mode: 1 s leases and steps of
-300 to 1500 ms. ``tests/chaos/README.md`` lists them all.
+300 to 1500 ms. ``--citus`` runs it on a private Citus cluster (``tests/chaos/citus.py``).
+``tests/chaos/README.md`` lists them all.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Config:
     stress: bool = False
     keep: bool = False
     size: str = "default"
+    citus: bool = False  # on a private Citus cluster (a coordinator and two workers)
 
 
 PRESETS = {
@@ -72,6 +74,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     p.add_argument("--app-down-seconds", type=float, default=env.get("CHAOS_APP_DOWN_SECONDS"))
     p.add_argument("--seed", type=int, default=env.get("CHAOS_SEED"))
     p.add_argument("--keep", action="store_true", default=env.get("CHAOS_KEEP") == "1")
+    p.add_argument("--citus", action="store_true", default=env.get("CHAOS_CITUS") == "1")
     a = p.parse_args(argv)
     config = PRESETS[a.size]
     if a.stress:
@@ -79,6 +82,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     return replace(
         config,
         keep=bool(a.keep),
+        citus=bool(a.citus),
         runs=config.runs if a.runs is None else int(a.runs),
         lease_seconds=config.lease_seconds if a.lease is None else float(a.lease),
         step_ms=config.step_ms if a.step_ms is None else a.step_ms,

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from tests.chaos import checks
+from tests.chaos.citus import CitusCluster, three_free_ports
 from tests.chaos.config import Config
 from tests.chaos.driver import Api, Ledger, RunLedger, drive_run, plan_runs
 from tests.chaos.postgres import PrivateCluster
@@ -50,7 +51,7 @@ class Stack:
     """The processes of one chaos run."""
 
     workdir: Path
-    pg: PrivateCluster
+    pg: PrivateCluster | CitusCluster
     orchestrators: list[Proc] = field(default_factory=list)
     app: Proc | None = None
     key: str = ""
@@ -243,7 +244,8 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 async def run(config: Config, out: Callable[[str], None] = print) -> checks.Report:
     """One chaos run end to end; the report says which invariants held."""
     workdir = Path(tempfile.mkdtemp(prefix="stepline-chaos-"))
-    stack = Stack(workdir, PrivateCluster(free_port()))
+    pg = CitusCluster(three_free_ports()) if config.citus else PrivateCluster(free_port())
+    stack = Stack(workdir, pg)
     fault_log: list[Fault] = []
     api: Api | None = None
     try:
@@ -251,7 +253,8 @@ async def run(config: Config, out: Callable[[str], None] = print) -> checks.Repo
         ledger = Ledger([RunLedger(p) for p in plan_runs(config, uuid.uuid4().hex[:8])])
         low, high = config.step_ms
         out(
-            f"chaos ({config.size}{', stress' if config.stress else ''}): {config.runs} runs "
+            f"chaos ({config.size}{', stress' if config.stress else ''}"
+            f"{', on Citus' if config.citus else ''}): {config.runs} runs "
             f"over {config.start_seconds:.0f} s, lease {config.lease_seconds:g} s, "
             f"steps {low}-{high} ms"
         )

@@ -1,0 +1,143 @@
+"""A private Citus cluster for the chaos test (``--citus``): a coordinator and two workers on
+loopback, started by ``../shared/citus/cluster.sh`` (``CITUS_SCRIPTS`` names another folder of
+it; Citus must be installed: ``build.sh``) in a temporary folder, with a database ``stepline``
+made on every node with the extension and the workers added.
+
+It answers what :class:`tests.chaos.postgres.PrivateCluster` answers, so the scenario runs the
+same on it: the ``postgres-restart`` fault restarts every node at once, immediately (no
+checkpoint, every connection cut, the coordinator's two-phase commits in flight left for
+Citus's recovery), and the deadlocks counted are those every node logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tests.chaos.postgres import find_bin_dir
+from tests.ports import free_port
+
+__all__ = ["CitusCluster", "cluster_script", "three_free_ports"]
+
+WORKERS = 2
+DATABASE = "stepline"
+
+
+def cluster_script() -> Path:
+    """``cluster.sh``: in ``CITUS_SCRIPTS``, else ``../shared/citus/`` beside the project."""
+    folder = os.environ.get("CITUS_SCRIPTS")
+    root = Path(__file__).resolve().parents[2]
+    return Path(folder) / "cluster.sh" if folder else root.parent / "shared/citus/cluster.sh"
+
+
+def three_free_ports() -> int:
+    """A port with the next ``WORKERS`` free too (the coordinator's, then the workers')."""
+    while True:
+        port = free_port()
+        free = True
+        for other in range(port + 1, port + 1 + WORKERS):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", other))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            return port
+
+
+class CitusCluster:
+    """A coordinator on ``port`` and its workers on the next ports, in a folder of its own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.root = Path(tempfile.mkdtemp(prefix="stepline-chaos-citus-"))
+        self.root.chmod(0o755)  # the postgres user the servers run as must traverse it
+        self.folder = self.root / "cluster"
+        self.bin_dir = find_bin_dir()
+        self._started = False
+
+    @property
+    def admin_dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / f"node{self.port}.log"
+
+    def _nodes(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.folder / "ports").read_text().split()]
+        except OSError:
+            return []
+
+    def _script(self, *args: str, timeout: float = 180.0) -> None:
+        done = subprocess.run(
+            ["bash", str(cluster_script()), *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            start_new_session=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cluster.sh {args[0]} failed: {done.stderr}{self.tail()}")
+
+    def init(self) -> None:
+        """Start the nodes (initdb each first) and make the database on every one."""
+        self._script("start", str(self.folder), str(self.port), str(WORKERS))
+        self._started = True
+        self._script("createdb", str(self.folder), DATABASE)
+
+    def start(self) -> None:
+        """The nodes run from :meth:`init` on."""
+
+    def restart_immediate(self) -> None:
+        """``pg_ctl restart -m immediate`` on every node, the coordinator first."""
+        user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        for port in self._nodes():
+            data = self.folder / f"node{port}"
+            done = subprocess.run(
+                [*user, str(self.bin_dir / "pg_ctl"), "-w", "-t", "60", "-m", "immediate",
+                 "-D", str(data), "-l", str(self.folder / f"node{port}.log"), "restart"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
+                check=False, start_new_session=True,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"pg_ctl restart of node {port} failed: {done.stderr}")
+
+    def stop(self) -> None:
+        """Stop every node; never raises."""
+        if not self._started:
+            return
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self._script("stop", str(self.folder), timeout=120)
+
+    def deadlocks(self) -> int:
+        """How many ``deadlock detected`` lines the nodes have logged."""
+        count = 0
+        for port in self._nodes():
+            try:
+                text = (self.folder / f"node{port}.log").read_text(errors="replace")
+            except OSError:
+                continue
+            count += text.count("deadlock detected")
+        return count
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n" + "\n".join(text.splitlines()[-lines:])
+
+    def remove(self) -> None:
+        """Stop the nodes and delete the folder."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
