@@ -36,10 +36,12 @@ async def _ensure_environments(conn: Conn, project_id: uuid.UUID) -> None:
 
 async def bootstrap(conn: Conn) -> None:
     """Make the default project, its environments and the first callback-signing secret if
-    they are missing."""
-    await conn.execute(Q["ensure_project"], DEFAULT_PROJECT, "default")
-    await _ensure_environments(conn, DEFAULT_PROJECT)
-    await conn.execute(Q["insert_server_secret"], secrets.token_urlsafe(32))
+    they are missing: in one transaction, one orchestrator at a time."""
+    async with conn.transaction():
+        await conn.execute(Q["bootstrap_lock"])
+        await conn.execute(Q["ensure_project"], DEFAULT_PROJECT, "default")
+        await _ensure_environments(conn, DEFAULT_PROJECT)
+        await conn.execute(Q["insert_server_secret"], secrets.token_urlsafe(32))
 
 
 async def create_project(conn: Conn, name: str) -> Record | None:

@@ -1,5 +1,11 @@
 -- Projects, environments, API keys and the server's secrets.
 
+-- name: bootstrap_lock
+-- Orchestrators starting at once make the default project one after another (namespace 5 of
+-- the advisory locks): on Citus, projects and environments are reference tables, whose writes
+-- lock each table's shard on every node, and two starts taking those in turns deadlocked.
+SELECT pg_advisory_xact_lock(5, 0);
+
 -- name: ensure_project
 INSERT INTO projects (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING;
 
