@@ -176,12 +176,17 @@ again, on the primary there is then."""
 
 
 _SHARD_SUFFIX = re.compile(r"_\d{6,}$")
+_NAMED_IN_MESSAGE = re.compile(r'constraint "([^"]+)"')
 
 
 def constraint_name(exc: asyncpg.PostgresError) -> str | None:
-    """The constraint a violation names, as the schema names it: on Citus the violation is a
-    shard's, whose constraint carries the shard's id (``apps_project_id_name_key_102014``)."""
+    """The constraint a violation names, as the schema names it. On Citus the violation is a
+    shard's, relayed by the coordinator: the constraint is named only in the message, and as
+    the shard's copy, which carries the shard's id (``apps_project_id_name_key_102014``)."""
     name = getattr(exc, "constraint_name", None)
+    if not name:
+        found = _NAMED_IN_MESSAGE.search(str(exc))
+        name = found.group(1) if found else None
     return _SHARD_SUFFIX.sub("", name) if name else None
 
 
