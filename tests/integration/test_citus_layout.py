@@ -234,7 +234,7 @@ async def test_statements_reshaped_for_citus_run_on_rows(database_url: str) -> N
 
 async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
     """On Citus: a run is leased on its shard (``citus_lease_run``), the claim leases the others
-    shard by shard, and each delegated run transition called on the leased run (in a
+    on the shards that hold them, and each delegated run transition called on the leased run (in a
     transaction, rolled back) is refused only when known (a transition made acceptable leaves
     the list). On plain PostgreSQL the transitions' own tests run them."""
     if not ON_CITUS:
@@ -256,16 +256,15 @@ async def test_the_run_transitions_on_a_leased_run(database_url: str) -> None:
             lease = await conn.fetchrow(Q["citus_lease_run"], run, "o-1", 30.0, [], True, True)
             assert lease is not None and lease["id"] == run
             # The dispatcher's claim (per shard on Citus) leases the other due runs, whatever
-            # their shards, not the one leased; then nothing is left on any shard.
+            # their shards, not the one leased; then nothing is due on any shard.
             others = [runs.NewRun(ids.new_id(), env["id"], "w", {"n": n}) for n in range(4)]
             for other in others:
                 assert await runs.insert(conn, other, notify=False) is not None
             claimed = await claims.claim(conn, "o-2", 30.0, 10)
             assert sorted(r["id"] for r in claimed) == sorted(o.id for o in others)
             assert {r["lease_token"] is not None for r in claimed} == {True}
-            for rep in await citus.shard_runs(conn):
-                assert await conn.fetch(Q["citus_claim_on_shard"], rep, 5, "o-2", 30.0, 0.0,
-                                        True, []) == []  # fmt: skip
+            assert await conn.fetch(Q["citus_due_candidates"], 0.0, 5, [], True) == []
+            assert await claims.claim(conn, "o-3", 30.0, 10) == []
             token, invocation = lease["lease_token"], lease["invocation_id"]
             change = {"ord": 1, "name": "a", "kind": "run", "status": "completed",
                       "attempt": 1, "output": 1, "ended": True}  # fmt: skip

@@ -35,7 +35,6 @@ identifiers); the catalog reads and Citus calls are named queries in ``citus.sql
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from stepline_server.store.db import Conn, Q
@@ -133,20 +132,6 @@ class Layout:
 
     def __bool__(self) -> bool:
         return bool(self.reference or self.distributed or self.propagated or self.delegated)
-
-
-# The run loop on Citus: the per-shard claim's representatives ------------------------
-
-
-async def shard_runs(conn: Conn) -> list[uuid.UUID]:
-    """One run id per shard of ``runs`` (the per-shard claim is called with each), read once
-    per connection and again when the number of shards changed (a split)."""
-    count = await conn.fetchval(Q["citus_shard_count"])
-    cached: tuple[uuid.UUID, ...] = conn.citus_shards
-    if len(cached) != count:
-        cached = tuple(row["id"] for row in await conn.fetch(Q["citus_shard_runs"]))
-        conn.remember_shards(cached)
-    return list(cached)
 
 
 def _ident(name: str) -> str:

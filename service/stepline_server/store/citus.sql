@@ -127,7 +127,7 @@ SELECT create_distributed_function($1::regprocedure);
 
 -- name: citus_make_claim_on_shard
 -- The per-shard claim, made on Citus only (by lay_out) and delegated by its first argument:
--- called with one run id of a shard (a representative: citus_shard_runs), it runs on the
+-- called with one run id of a shard (a due run citus_due_candidates found), it runs on the
 -- worker holding that shard and claims on the shard's own table, named: Citus refuses FOR
 -- UPDATE across shards, and a statement naming runs inside a delegated function is still
 -- planned by Citus as one across shards (and refused). What it claims is claim_due's, on the
@@ -271,18 +271,32 @@ BEGIN
 END
 $fn$;
 
--- name: citus_shard_runs
--- One run id per shard of runs (any id that hashes into it: the per-shard claim is called
--- with it), found among random ids; read again when the shards change (a split).
-SELECT DISTINCT ON (shard) shard, id FROM (
-    SELECT get_shard_id_for_distribution_column('runs', id::text) AS shard, id
-    FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, 64 * (
-        SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'runs'::regclass))) g
-) s
-ORDER BY shard, id;
-
--- name: citus_shard_count
-SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'runs'::regclass;
+-- name: citus_due_candidates
+-- (claim_due on Citus, first) Up to $2 runs claim_due would take now, read across the shards
+-- without locks, the longest due first (and pull apps' runs past their deadline): the
+-- per-shard claim is then called with these alone, each naming its shard, so a claim cycle
+-- asks no shard that has nothing due, and costs the orchestrator one statement more than the
+-- shards it claims on. The conditions are citus_claim_on_shard's (push_due, pull_overdue),
+-- kept beside it: a run left out here would never be claimed, one let in costs a call.
+-- $1: the timer lead (seconds), $3: the runs this orchestrator is invoking, $4: takeovers.
+(SELECT id FROM runs
+ WHERE ready_at <= now() + make_interval(secs => $1::double precision) AND NOT pull
+   AND NOT (id = ANY ($3::uuid[])) AND ($4::boolean OR lease_token IS NULL)
+   AND (NOT options ? 'concurrency' OR deadline_at <= now())
+   AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
+        OR deadline_at <= now())
+   AND (ready_at <= now()
+        OR (SELECT min(s.wake_at) FROM steps s
+            WHERE s.run_id = runs.id AND s.status = 'sleeping')
+           <= now() + make_interval(secs => $1::double precision))
+ ORDER BY ready_at
+ LIMIT $2)
+UNION ALL
+(SELECT id FROM runs
+ WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
+   AND ($4::boolean OR lease_token IS NULL)
+ ORDER BY deadline_at
+ LIMIT $2);
 
 -- name: citus_claim_on_shard
 SELECT * FROM citus_claim_on_shard($1, $2, $3, $4, $5, $6, $7);

@@ -5,9 +5,9 @@ On plain PostgreSQL the store runs its statements as they are (``claims.sql``,
 ``progress.sql``, ``outcomes.sql``, ``leases.sql``); where Citus refuses one, the store's
 function asks :func:`stepline_server.store.db.on_citus` and calls the form here instead:
 
-* the due runs are claimed shard by shard, each claim a function delegated to the shard
-  (``citus_claim_on_shard``, called with one run id of the shard), which locks and leases on
-  the shard's own table;
+* the due runs are found across the shards without locks, then claimed on each shard that
+  holds one, by a function delegated to the shard (``citus_claim_on_shard``, called with that
+  run's id), which locks and leases on the shard's own table;
 * a run leased at once is leased by ``citus_lease_run`` (lease_runs's rule on the run's shard);
 * the group statements (heartbeat, begin, progress, suspend, end), one statement over many runs
   on one PostgreSQL (runs locked in id order, then moved), are here one delegated transition
@@ -21,15 +21,13 @@ Each function answers what its plain-PostgreSQL counterpart answers, in the same
 
 from __future__ import annotations
 
-import random
 import uuid
 from typing import Any, NamedTuple
 
-from stepline_server.store import citus
 from stepline_server.store.db import Conn, Q, Record
 
 CITUS_FORMS: dict[str, tuple[str, ...]] = {
-    "claim_due": ("citus_shard_count", "citus_shard_runs", "citus_claim_on_shard"),
+    "claim_due": ("citus_due_candidates", "citus_claim_on_shard"),
     "lease_begin_now": ("citus_lease_run", "citus_run_invocations", "citus_begin"),
     "heartbeat": ("citus_run_projects", "citus_keep_lease"),
     "begin_invocations": ("citus_run_invocations", "citus_begin"),
@@ -50,19 +48,28 @@ async def claim_due(
     takeovers: bool,
     holding: list[uuid.UUID],
 ) -> list[Record]:
-    """``claim_due`` on Citus: up to ``limit`` due runs, claimed shard by shard from a random
-    shard on (so no shard waits behind the others), each shard's in its order; answered
+    """``claim_due`` on Citus: up to ``limit`` due runs. The due runs are found across the
+    shards first, without locks (``citus_due_candidates``); then each shard holding one is
+    claimed on (``citus_claim_on_shard``, called with that run's id), its due runs in its
+    order, until the claim is full. A shard with nothing due is never called, so a cycle costs
+    one statement plus one call per shard with work, however many shards there are. Answered
     higher priority first, then the longest due."""
-    shards = await citus.shard_runs(conn)
-    start = random.randrange(len(shards)) if shards else 0
+    candidates = await conn.fetch(Q["citus_due_candidates"], lead, limit, holding, takeovers)
     claimed: list[Record] = []
-    for rep in shards[start:] + shards[:start]:
+    asked: set[uuid.UUID] = set()
+    for candidate in candidates:
         room = limit - len(claimed)
         if room <= 0:
             break
-        claimed += await conn.fetch(
-            Q["citus_claim_on_shard"], rep, room, owner, seconds, lead, takeovers, holding
-        )
+        if candidate["id"] in asked:
+            continue  # its shard's call took it already
+        rows = await conn.fetch(
+            Q["citus_claim_on_shard"], candidate["id"], room, owner, seconds, lead, takeovers,
+            holding,
+        )  # fmt: skip
+        claimed += rows
+        asked.add(candidate["id"])
+        asked.update(row["id"] for row in rows)
     claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
     return claimed
 

@@ -53,12 +53,6 @@ class StoreConnection(asyncpg.Connection):  # type: ignore[misc]
     asked once, when it is opened, so no statement of the run loop asks again."""
 
     citus = False
-    citus_shards: tuple[Any, ...] = ()
-    """On Citus, one run id per shard of runs (``citus.shard_runs``), once read."""
-
-    def remember_shards(self, ids: tuple[Any, ...]) -> None:
-        """Keep ``ids`` as :attr:`citus_shards` (callable through a pool's proxy)."""
-        self.citus_shards = ids
 
 
 def on_citus(conn: Conn) -> bool:
