@@ -623,12 +623,16 @@ FROM woken;
 -- fire_gatherings on Citus: the gathering of run $1, or with $1 null up to $2 whose time has
 -- come, read without locks, each fired on its run's shard by citus_fire_gathering (a gathering
 -- another transaction holds is passed over, as SKIP LOCKED does); the wake-up sent from the
--- coordinator's session.
+-- coordinator's session. (Run $1 is named as a value, not looked up: a statement whose scans
+-- all name one run's shard is sent whole to that shard's worker, where the delegated run_fire
+-- may not be called.)
 WITH due AS MATERIALIZED (
-    SELECT run_id FROM run_gatherings
-    WHERE run_id = $1::uuid OR ($1::uuid IS NULL AND fire_at <= now())
-    ORDER BY fire_at
-    LIMIT $2
+    SELECT $1::uuid AS run_id WHERE $1::uuid IS NOT NULL
+    UNION ALL
+    (SELECT run_id FROM run_gatherings
+     WHERE $1::uuid IS NULL AND fire_at <= now()
+     ORDER BY fire_at
+     LIMIT $2)
 ),
 r AS MATERIALIZED (
     SELECT f.* FROM due CROSS JOIN LATERAL citus_fire_gathering(due.run_id, $1::uuid IS NULL) f
