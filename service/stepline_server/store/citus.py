@@ -103,6 +103,7 @@ DELEGATED_FUNCTIONS: tuple[str, ...] = (
     "run_repair",
     "run_gather_input",
     "run_fire",
+    "run_record_state",
     "citus_lease_run",
     "citus_claim_on_shard",
 )

@@ -18,7 +18,10 @@ async def record(conn: Conn, run_id: uuid.UUID, sets: list[tuple[str, str]]) -> 
     transaction as the keys' current values and wake their long polls; the keys set."""
     last = {key: step for key, step in sets}  # the last set of a key wins
     items = [{"key": key, "step": step} for key, step in last.items()]
-    return [row["key"] for row in await conn.fetch(Q["state_record"], run_id, items)]
+    keys = [row[0] for row in await conn.fetch(Q["state_record"], run_id, items)]
+    if keys:
+        await conn.execute(Q["notify_state"], str(run_id))
+    return keys
 
 
 async def of_run(conn: Conn, project_id: uuid.UUID, run_id: uuid.UUID) -> list[Record]:

@@ -8,21 +8,14 @@ SELECT s.key FROM run JOIN run_state s ON s.run_id = $1;
 
 -- name: state_record
 -- Keeps the value of each state step this transaction wrote ($2: [{key, step}], the last set
--- of each key) as the key's current value, read from the step row itself: a set the steps
--- table already had (a call sent again, a replay) wrote no row now and changes nothing.
--- Answers the keys it set; wakes the long polls on them (stepline_state, the run's id).
-WITH x AS (
-    SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(key text, step text)
-),
-kept AS (
-    INSERT INTO run_state AS t (run_id, key, project_id, value, updated_at)
-    SELECT s.run_id, x.key, s.project_id, s.output, now()
-    FROM x JOIN steps s ON s.run_id = $1 AND s.name = x.step
-    WHERE s.status = 'completed' AND s.version = pg_current_xact_id() AND s.output IS NOT NULL
-    ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
-    RETURNING t.key
-)
-SELECT kept.key, pg_notify('stepline_state', $1::text) IS NULL AS notified FROM kept;
+-- of each key) as the key's current value (run_record_state); answers the keys it set.
+-- (The call made alone: on Citus it runs on the run's worker.)
+SELECT * FROM run_record_state($1, $2::jsonb);
+
+-- name: notify_state
+-- Wakes the long polls on run $1's state (from the caller's session: on Citus, the
+-- coordinator's, where the orchestrators listen).
+SELECT pg_notify('stepline_state', $1::text);
 
 -- name: state_of_run
 -- A run's current state, every key, in key order (project-scoped: another's run has none).

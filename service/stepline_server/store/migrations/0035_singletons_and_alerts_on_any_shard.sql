@@ -1,7 +1,9 @@
 -- A run's singleton key is held in a row of its own (run_singletons), so that on Citus, where a
 -- unique index must include the distribution column and runs_singleton cannot stay unique, one
 -- run at a time still holds a key; and a run's end leaves the alerts to end_runs (a reference
--- table is written from the coordinator's session, not from a transition on a worker).
+-- table is written from the coordinator's session, not from a transition on a worker); and a
+-- run's published state is kept by a function of the run (run_record_state), which on Citus
+-- runs on the worker whose transaction wrote the state's steps.
 
 CREATE TABLE run_singletons (
     id uuid PRIMARY KEY,
@@ -125,3 +127,27 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION run_end(uuid, uuid, text, run_status, jsonb, jsonb, run_event_type, jsonb) IS 'The end transition: a run ends, its open steps cancelled, its history told (its alerts by the caller: record_run_alerts); a child''s end wakes its parent by the caller (resolve_child).';
+
+CREATE FUNCTION run_record_state(p_run uuid, p_items jsonb)
+RETURNS SETOF text LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now timestamptz := now();
+    v_xid xid8 := pg_current_xact_id();
+BEGIN
+    -- Keeps the value of each state step of run p_run that this transaction wrote (p_items:
+    -- [{key, step}], the last set of each key) as the key's current value, read from the step
+    -- row itself: a set the steps table already had (a call sent again, a replay) wrote no row
+    -- now and changes nothing. Answers the keys it set. Touches only this run's rows (on
+    -- Citus it runs on the run's worker, whose transaction wrote the steps: their version is
+    -- that transaction's id there); the caller wakes the long polls (stepline_state).
+    RETURN QUERY
+    INSERT INTO run_state AS t (run_id, key, project_id, value, updated_at)
+    SELECT p_run, x.key, s.project_id, s.output, v_now
+    FROM jsonb_to_recordset(p_items) AS x(key text, step text), steps s
+    WHERE s.run_id = p_run AND s.name = x.step AND s.status = 'completed'
+      AND s.version = v_xid AND s.output IS NOT NULL
+    ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+    RETURNING t.key;
+END
+$$;
+COMMENT ON FUNCTION run_record_state(uuid, jsonb) IS 'A run''s published state kept from the state steps its transaction wrote (the keys set).';
