@@ -4,9 +4,11 @@ whose key was given before ids were derived (a random id) is still found by its 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
+import pytest
 
 import stepline
 from stepline_server.engine import ids
@@ -65,6 +67,12 @@ async def test_a_run_key_names_one_run_in_an_environment_and_another_elsewhere(
     await sl.aclose()
 
 
+@pytest.mark.skipif(
+    bool(os.environ.get("STEPLINE_TEST_CITUS")),
+    reason="plain PostgreSQL only: on Citus the unique index on the key is not unique, and a run"
+    " keyed with a random id (one moved there from a single PostgreSQL) does not hold its key"
+    " (docs/scaling.md, runKey uniqueness)",
+)
 async def test_a_run_keyed_before_ids_were_derived_is_found_by_its_key(
     database_url: str,
 ) -> None:
