@@ -81,20 +81,27 @@ async def test_a_retry_takes_the_key_back_only_when_it_is_free(database_url: str
         await conn.close()
 
 
+async def _first_holds_second_waits(a: db.Conn, b: db.Conn) -> tuple[Any, Any, Any, Any]:
+    """Start a run with key "ada" on ``a`` in a transaction left open, then another on ``b``:
+    the two runs, ``a``'s transaction and the second start, still waiting for the key."""
+    await _setup(a)
+    one, two = _new("sync", {"user": "ada"}), _new("sync", {"user": "ada"})
+    tx = a.transaction()
+    await tx.start()
+    assert await runs.insert(a, one, notify=False) is not None
+    second = asyncio.create_task(runs.insert(b, two, notify=False))
+    done, _ = await asyncio.wait({second}, timeout=1.0)
+    assert not done, "the second start must wait for the first's transaction"
+    return one, two, tx, second
+
+
 async def test_two_starts_at_once_make_one_run(database_url: str) -> None:
     """Two starts of one key in two transactions: the second waits on the first's key row and,
     once the first commits, creates nothing (the first run holds the key)."""
     a = await db.connect(database_url)
     b = await db.connect(database_url)
     try:
-        await _setup(a)
-        one, two = _new("sync", {"user": "ada"}), _new("sync", {"user": "ada"})
-        tx = a.transaction()
-        await tx.start()
-        assert await runs.insert(a, one, notify=False) is not None
-        second = asyncio.create_task(runs.insert(b, two, notify=False))
-        done, _ = await asyncio.wait({second}, timeout=1.0)
-        assert not done, "the second start must wait for the first's transaction"
+        one, _, tx, second = await _first_holds_second_waits(a, b)
         await tx.commit()
         assert await second is None
         rows = await a.fetch("SELECT id FROM runs WHERE workflow = 'sync'")
@@ -110,14 +117,7 @@ async def test_a_start_after_the_first_rolled_back_takes_the_key(database_url: s
     a = await db.connect(database_url)
     b = await db.connect(database_url)
     try:
-        await _setup(a)
-        one, two = _new("sync", {"user": "ada"}), _new("sync", {"user": "ada"})
-        tx = a.transaction()
-        await tx.start()
-        assert await runs.insert(a, one, notify=False) is not None
-        second = asyncio.create_task(runs.insert(b, two, notify=False))
-        done, _ = await asyncio.wait({second}, timeout=1.0)
-        assert not done
+        _, two, tx, second = await _first_holds_second_waits(a, b)
         await tx.rollback()
         assert await second is not None
         rows = await a.fetch("SELECT id FROM runs WHERE workflow = 'sync'")
