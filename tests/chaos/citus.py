@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.chaos.postgres import find_bin_dir
+from tests.chaos.postgres import find_bin_dir, log_tail
 from tests.ports import free_port
 
 __all__ = ["CitusCluster", "cluster_script", "three_free_ports"]
@@ -77,9 +77,9 @@ class CitusCluster:
         except OSError:
             return []
 
-    def _script(self, *args: str, timeout: float = 180.0) -> None:
+    def _call(self, argv: list[str], what: str, timeout: float = 180.0) -> None:
         done = subprocess.run(
-            ["bash", str(cluster_script()), *args],
+            argv,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -88,7 +88,10 @@ class CitusCluster:
             start_new_session=True,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"cluster.sh {args[0]} failed: {done.stderr}{self.tail()}")
+            raise RuntimeError(f"{what} failed: {done.stderr}{self.tail()}")
+
+    def _script(self, *args: str, timeout: float = 180.0) -> None:
+        self._call(["bash", str(cluster_script()), *args], f"cluster.sh {args[0]}", timeout)
 
     def init(self) -> None:
         """Start the nodes (initdb each first) and make the database on every one; the
@@ -98,15 +101,13 @@ class CitusCluster:
         self._script("start", str(self.folder), str(self.port), str(WORKERS))
         self._started = True
         self._script("createdb", str(self.folder), DATABASE)
-        done = subprocess.run(
+        self._call(
             ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.port),
              "-U", "postgres", "-d", "postgres",
              "-c", f"ALTER SYSTEM SET citus.recover_2pc_interval = '{RECOVER_2PC}'",
              "-c", "SELECT pg_reload_conf()"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+            "setting recover_2pc_interval", 60,
         )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"setting recover_2pc_interval failed: {done.stderr}")
 
     def start(self) -> None:
         """The nodes run from :meth:`init` on."""
@@ -115,15 +116,12 @@ class CitusCluster:
         """``pg_ctl restart -m immediate`` on every node, the coordinator first."""
         user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         for port in self._nodes():
-            data = self.folder / f"node{port}"
-            done = subprocess.run(
+            self._call(
                 [*user, str(self.bin_dir / "pg_ctl"), "-w", "-t", "60", "-m", "immediate",
-                 "-D", str(data), "-l", str(self.folder / f"node{port}.log"), "restart"],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
-                check=False, start_new_session=True,
+                 "-D", str(self.folder / f"node{port}"),
+                 "-l", str(self.folder / f"node{port}.log"), "restart"],
+                f"pg_ctl restart of node {port}", 90,
             )  # fmt: skip
-            if done.returncode != 0:
-                raise RuntimeError(f"pg_ctl restart of node {port} failed: {done.stderr}")
 
     def stop(self) -> None:
         """Stop every node; never raises."""
@@ -144,11 +142,7 @@ class CitusCluster:
         return count
 
     def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n" + "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def remove(self) -> None:
         """Stop the nodes and delete the folder."""

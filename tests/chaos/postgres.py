@@ -21,7 +21,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-__all__ = ["PrivateCluster", "find_bin_dir"]
+__all__ = ["PrivateCluster", "find_bin_dir", "log_tail"]
 
 _SETTINGS = """
 listen_addresses = '127.0.0.1'
@@ -35,6 +35,15 @@ log_line_prefix = '%m [%p] '
 log_min_messages = warning
 log_min_error_statement = error
 """
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` of a server's log, after a newline (empty when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n" + "\n".join(text.splitlines()[-lines:])
 
 
 def find_bin_dir() -> Path:
@@ -146,11 +155,7 @@ class PrivateCluster:
             return 0
 
     def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n" + "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def remove(self) -> None:
         """Stop the server and delete its folder."""

@@ -29,9 +29,9 @@ SELECT run_release($1, (SELECT project_id FROM runs WHERE id = $1), $2, $3::doub
 -- Ends runs ($1: [{id, token, status, output, error, event, data}]), each when token is its
 -- lease token, or when token is null (cancel, time limit), by run_end: their open steps are
 -- cancelled, the history gets their events and the end event (event, with data); here its
--- alerts are recorded (record_run_alerts) and listeners hear of it (stepline_ended). Answers, for each run ended,
--- what the caller must still settle (has_children: it has children not ended). The runs are
--- locked in id order before any ends (a materialised CTE: the planner
+-- alerts are recorded (record_run_alerts) and listeners hear of it (stepline_ended). Answers,
+-- for each run ended, what the caller must still settle (has_children: it has children not
+-- ended). The runs are locked in id order before any ends (a materialised CTE: the planner
 -- would otherwise call run_end below the lock).
 WITH q AS (
     SELECT q.* FROM jsonb_array_elements($1::jsonb) AS item

@@ -5,8 +5,9 @@
 -- Creates a run of workflow $3 (its app and options as last synced) due now, with its
 -- run.started event (data $11), and wakes every orchestrator's dispatcher when $12; no row when
 -- the workflow is not registered or the id, the run key or an active run of its singleton key
--- exists (take_singleton: the run takes its key first) ($13: the event that started it; $14: its priority; the input's concurrency, singleton
--- and rate limit key fields are read as the workflow's options name them). A run of a pull app
+-- exists (take_singleton: the run takes its key first) ($13: the event that started it; $14:
+-- its priority; the input's concurrency, singleton and rate limit key fields are read as the
+-- workflow's options name them). A run of a pull app
 -- always wakes every orchestrator (their workers' polls claim it). A caller that invokes it at
 -- once leases it in the same transaction (lease_begin_now). $15: the id the event's sender gave.
 -- $16: the run gathers a debounce's or a batch's starts: it has no due time (and wakes no
