@@ -30,10 +30,16 @@ class DbProxy:
         self.commits_lost = 0
 
     def dsn(self, database_url: str) -> str:
-        """``database_url`` pointed at the proxy."""
+        """``database_url`` pointed at the proxy, without TLS: the proxy reads the statements
+        it watches for (a server with TLS on, such as a Citus node, would otherwise be
+        asked for it by the client's default ``sslmode=prefer``)."""
         parts = urlsplit(database_url)
         user = f"{parts.username}@" if parts.username else ""
-        return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+        query = "&".join(
+            [q for q in parts.query.split("&") if q and not q.startswith("sslmode=")]
+            + ["sslmode=disable"]
+        )
+        return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}", query=query))
 
     async def restore(self) -> None:
         """Accept connections (again)."""

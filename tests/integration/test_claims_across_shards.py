@@ -4,6 +4,7 @@ PostgreSQL: each test runs on both (on a cluster with ``STEPLINE_TEST_CITUS``)."
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from stepline_server.store import (
     runs,
     waits,
 )
+from tests.support import until
 
 P = keys.DEFAULT_PROJECT
 DAY = 86_400.0
@@ -330,3 +332,44 @@ async def test_a_rate_limit_leases_its_window_and_defers_the_rest(database_url: 
         assert await claims.claim_rate_limited(conn, limit, claims.Lease("here", 60), 10) == []
     finally:
         await conn.close()
+
+
+async def test_a_rate_limited_claim_that_waited_for_its_lock_counts_the_whole_window(
+    database_url: str,
+) -> None:
+    """Two in two seconds: two runs started, then a claim that waited longer than the period
+    for the limit's lock (held by another transaction) still counts those two starts, as of
+    the time its leases would start runs at (its transaction's), and starts none. On Citus the
+    window's rows are read on the workers, whose transactions there began only once the lock
+    was taken."""
+    holder, claimer = await db.connect(database_url), await db.connect(database_url)
+    try:
+        options = {"rateLimit": {"limit": 2, "periodMs": 2000}}
+        await _app(claimer, [("limited", options)])
+        started = [await _start(claimer, "limited") for _ in range(3)]
+        limit = claims.RateLimited(P, "limited", None, rates.RateLimit(2, timedelta(seconds=2)))
+        lease = claims.Lease("here", 60)
+        lock = (db.Q["lock_rate"], P, "limited", None)
+        await holder.execute(*lock)  # the holder's session ready before the clock matters
+        assert len(await claims.claim_rate_limited(claimer, limit, lease, 10)) == 2
+        async with holder.transaction():
+            await holder.execute(*lock)
+            claim = asyncio.create_task(claims.claim_rate_limited(claimer, limit, lease, 10))
+            pid = claimer.get_server_pid()
+            await until(lambda: _waiting_for_a_lock(holder, pid), "the claim waiting for the lock")
+            await asyncio.sleep(2.2)  # the lock held past the period of the first two starts
+        assert await claim == []
+        rows = await _runs(claimer, "limited")
+        assert rows[started[2]]["started_at"] is None
+        first_starts = max(rows[r]["started_at"] for r in started[:2])
+        assert rows[started[2]]["ready_at"] >= first_starts + timedelta(seconds=2)
+    finally:
+        await holder.close()
+        await claimer.close()
+
+
+async def _waiting_for_a_lock(conn: db.Conn, pid: int) -> bool | None:
+    waiting = await conn.fetchval(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+    )
+    return True if waiting else None

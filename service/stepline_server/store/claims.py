@@ -137,11 +137,10 @@ async def claim_rate_limited(
     deployment."""
     group = (limited.project_id, limited.workflow, limited.key)
     async with conn.transaction():
-        await conn.execute(Q["lock_rate"], *group)
+        now = await conn.fetchval(Q["lock_rate"], *group)
         period_ms = limited.rate.period.total_seconds() * 1000
-        window = await conn.fetchrow(Q["rate_window"], *group, period_ms)
+        window = await conn.fetchrow(Q["rate_window"], *group, period_ms, now)
         assert window is not None
-        now = window["now"]
         times = rates.start_times(limited.rate, window["starts"], now, window["waiting"])
         take = min(limit, rates.room(times, now))
         how = (

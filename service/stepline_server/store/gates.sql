@@ -120,22 +120,25 @@ SELECT id FROM go WHERE run_unhold(id, project_id);
 -- name: lock_rate
 -- Serialises claiming the runs of workflow $2 of project $1 with rate key value $3 until the
 -- transaction ends, so two orchestrators never both see room in its window. Namespace 3 of the
--- advisory locks.
-SELECT pg_advisory_xact_lock(
+-- advisory locks. Answers the transaction's time, the time its leases start runs at, which
+-- rate_window counts the window to (on Citus a read across shards evaluates now() on each
+-- worker, whose transaction there began later, once the lock was taken).
+SELECT now() AS now
+FROM pg_advisory_xact_lock(
     3, hashtext($1::uuid::text || ':' || $2::text || ':' || coalesce($3::text, '')));
 
 -- name: rate_window
--- With lock_rate held: the transaction's time, when the runs of workflow $2 (project $1) with
--- rate key value $3 that started within the last $4 milliseconds started (oldest first), and
--- how many of its runs are due and not yet started.
-SELECT now() AS now,
-       array(SELECT started_at FROM runs
+-- With lock_rate held, as of its time $5: when the runs of workflow $2 (project $1) with rate
+-- key value $3 that started within the last $4 milliseconds started (oldest first), and how
+-- many of its runs are due and not yet started.
+SELECT array(SELECT started_at FROM runs
              WHERE project_id = $1 AND workflow = $2 AND options ? 'rateLimit'
                AND rate_key IS NOT DISTINCT FROM $3::text
-               AND started_at > now() - make_interval(secs => $4::double precision / 1000)
+               AND started_at > $5::timestamptz
+                                - make_interval(secs => $4::double precision / 1000)
              ORDER BY started_at) AS starts,
        (SELECT count(*) FROM runs
-        WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+        WHERE ready_at <= $5::timestamptz AND started_at IS NULL AND NOT cancel_requested
           AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
           AND rate_key IS NOT DISTINCT FROM $3::text) AS waiting;
 
