@@ -363,67 +363,9 @@ SELECT EXISTS (SELECT 1 FROM runs c WHERE c.parent_run_id = $1
 -- name: citus_claim_functions
 -- The per-run functions of the Citus variants, made (or made again) by each layout. Each
 -- statement in them names one run by id: Citus routes it to that run's shard.
-CREATE OR REPLACE FUNCTION citus_lease_runs(
-    _ids uuid[], _owner text, _lease_seconds double precision, _holding uuid[],
-    _takeovers boolean
-) RETURNS SETOF lease_claim LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    run_id uuid;
-    r runs;
-    was_ready timestamptz;
-    old_token text;
-    t timestamptz := now();
-    token text;
-    invocation uuid;
-BEGIN
-    -- lease_runs, run by run in id order, each statement on the run's shard: the same rule
-    -- (lease_runs's body says it), the times and the new tokens computed here (Citus takes no
-    -- volatile function in an UPDATE's SET), the row type read into a variable (a shard's row
-    -- type is another than runs).
-    FOREACH run_id IN ARRAY ARRAY(SELECT DISTINCT u FROM unnest(_ids) u ORDER BY u) LOOP
-        CONTINUE WHEN run_id = ANY (coalesce(_holding, '{}'));
-        SELECT * INTO r FROM runs
-        WHERE id = run_id AND status IN ('running', 'cancelling')
-          AND (lease_token IS NULL
-               OR (_takeovers AND ready_at IS NOT NULL AND ready_at <= t))
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        CONTINUE WHEN r.lease_token IS NOT NULL
-                      AND coalesce(pull_lease_lapse(r, _lease_seconds), 'ours') <> 'ours';
-        was_ready := r.ready_at;
-        old_token := r.lease_token;
-        IF (EXISTS (SELECT 1 FROM workflows w
-                    WHERE w.project_id = r.project_id AND w.name = r.workflow
-                      AND w.paused_at IS NOT NULL)
-            OR EXISTS (SELECT 1 FROM apps a WHERE a.id = r.app_id AND a.paused_at IS NOT NULL))
-           AND NOT coalesce(r.deadline_at <= t, false) THEN
-            UPDATE runs SET paused = true, ready_at = r.deadline_at, lease_token = NULL,
-                            lease_owner = NULL, held = false
-            WHERE id = run_id;
-            CONTINUE;
-        END IF;
-        token := gen_random_uuid()::text;
-        invocation := gen_random_uuid();
-        UPDATE runs
-        SET lease_token = token,
-            invocation_id = invocation,
-            lease_owner = _owner,
-            ready_at = least(t + make_interval(secs => _lease_seconds), r.deadline_at),
-            claimed_wake_seq = r.wake_seq,
-            progress_at = t,
-            progress_seq = 0,
-            progress_digest = NULL,
-            held = false,
-            paused = false,
-            started_at = coalesce(r.started_at, t)
-        WHERE id = run_id
-        RETURNING * INTO r;
-        RETURN NEXT lease_claim_of(
-            r, greatest(coalesce(extract(epoch FROM was_ready - t), 0), 0)::double precision,
-            old_token IS NOT NULL);
-    END LOOP;
-END
-$$;
+-- (citus_lease_runs, made by earlier layouts, wrote lease_runs's rule again on the
+-- coordinator: the gated claims now lease through citus_lease_run, the one lease rule here.)
+DROP FUNCTION IF EXISTS citus_lease_runs(uuid[], text, double precision, uuid[], boolean);
 
 CREATE OR REPLACE FUNCTION citus_run(p_run uuid) RETURNS SETOF runs
 LANGUAGE plpgsql STABLE AS $$
@@ -669,92 +611,92 @@ FROM run_gatherings g
 WHERE g.run_id = $5 AND g.project_id = $1 AND g.workflow = $2 AND g.kind = $3 AND g.key = $4
 FOR UPDATE OF g;
 
--- name: on_citus_claim_pull
--- claim_pull on Citus: the due runs read without locks, leased by citus_lease_runs (each
--- under its lock, on its shard, if still leasable).
-WITH due AS (
-    SELECT id
-    FROM runs
-    WHERE pull AND app_id = $2 AND ready_at <= now()
-      AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
-          = coalesce($6::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
-      AND options ->> 'concurrency' IS NULL
-      AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
-      AND (deadline_at IS NULL OR deadline_at > now())
-      AND ($5::boolean OR lease_token IS NULL)
-    ORDER BY priority DESC, ready_at
-    LIMIT $1
-)
-SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM due), $3, $4, '{}', $5)
-ORDER BY priority DESC, due_in;
+-- name: citus_pull_candidates
+-- (claim_pull on Citus, first) Up to $1 due runs of pull app $2 a poll would lease (on
+-- deployment $3, NULL: the app's current one; $4: whether lapsed leases may be taken over),
+-- read without locks, higher priority first: each is then leased by citus_lease_run on its
+-- shard, if still leasable there.
+SELECT id
+FROM runs
+WHERE pull AND app_id = $2 AND ready_at <= now()
+  AND coalesce(deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
+      = coalesce($3::uuid, (SELECT d.id FROM deployments d WHERE d.app_id = $2 AND d.current))
+  AND options ->> 'concurrency' IS NULL
+  AND (options -> 'rateLimit' IS NULL OR started_at IS NOT NULL OR cancel_requested)
+  AND (deadline_at IS NULL OR deadline_at > now())
+  AND ($4::boolean OR lease_token IS NULL)
+ORDER BY priority DESC, ready_at
+LIMIT $1;
 
--- name: on_citus_claim_rate_limited
--- claim_rate_limited on Citus: as on_citus_claim_pull (the window was counted under the
--- limit's advisory lock, taken on the coordinator's session).
-WITH go AS (
-    SELECT id FROM runs
-    WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
-      AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
-      AND rate_key IS NOT DISTINCT FROM $3::text
-      AND ($9::uuid IS NULL OR (app_id = $9 AND coalesce(
-         deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $9 AND d.current))
-         = coalesce($10::uuid, (SELECT d.id FROM deployments d
-                                WHERE d.app_id = $9 AND d.current))))
-    ORDER BY priority DESC, created_at, id
-    LIMIT $4
-)
-SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM go), $5, $6, $7, $8)
-ORDER BY priority DESC, created_at, id;
+-- name: citus_rate_limited_candidates
+-- (claim_rate_limited on Citus, first; the window counted under the limit's advisory lock,
+-- taken on the coordinator's session) Up to $4 of the due runs not yet started of workflow $2
+-- (project $1) with rate key value $3, read without locks, in claim_rate_limited's order: each
+-- is then leased by citus_lease_run on its shard, if still leasable there. $5, $6: a pull
+-- poll's app and deployment (claim_rate_limited's $9, $10).
+SELECT id FROM runs
+WHERE ready_at <= now() AND started_at IS NULL AND NOT cancel_requested
+  AND project_id = $1 AND workflow = $2 AND options -> 'rateLimit' IS NOT NULL
+  AND rate_key IS NOT DISTINCT FROM $3::text
+  AND ($5::uuid IS NULL OR (app_id = $5 AND coalesce(
+     deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $5 AND d.current))
+     = coalesce($6::uuid, (SELECT d.id FROM deployments d
+                            WHERE d.app_id = $5 AND d.current))))
+ORDER BY priority DESC, created_at, id
+LIMIT $4;
 
--- name: on_citus_claim_capped
--- claim_capped on Citus: the room counted and the candidates read without locks (under the
--- cap's advisory lock, taken on the coordinator's session), the runs to hold held by
--- citus_hold_runs and those with room leased by citus_lease_runs (each under its lock, on its
--- shard, if still holdable or leasable: room not used is the next cycle's).
+-- name: citus_capped_candidates
+-- (claim_capped on Citus, first; under the cap's advisory lock, taken on the coordinator's
+-- session) The room counted and the candidates read without locks, the runs to hold held by
+-- citus_hold_runs (each under its lock, on its shard, if still holdable), and the runs with
+-- room answered in claim_capped's order: each is then leased by citus_lease_run on its shard,
+-- if still leasable there (room not used is the next cycle's). $1 project, $2 workflow, $3
+-- cap, $4 lease seconds, $5 limit, $6 concurrency key value, $7 takeovers, $8 the runs the
+-- caller invokes, $9 and $10 a pull poll's app and deployment.
 WITH busy AS MATERIALIZED (
     SELECT greatest(0, $3::integer - count(*)) AS room FROM runs
-    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
-      AND lease_token IS NOT NULL AND (ready_at > now() OR id = ANY ($9::uuid[]))
+    WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $6::text
+      AND lease_token IS NOT NULL AND (ready_at > now() OR id = ANY ($8::uuid[]))
 ),
 cand AS MATERIALIZED (
     (SELECT id, priority, created_at FROM runs
-     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $7::text
+     WHERE project_id = $1 AND workflow = $2 AND concurrency_key IS NOT DISTINCT FROM $6::text
        AND held
-       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
-           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
-           = coalesce($11::uuid, (SELECT d.id FROM deployments d
-                                  WHERE d.app_id = $10 AND d.current))))
-     ORDER BY priority DESC, created_at, id LIMIT $6)
+       AND ($9::uuid IS NULL OR (app_id = $9 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $9 AND d.current))
+           = coalesce($10::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $9 AND d.current))))
+     ORDER BY priority DESC, created_at, id LIMIT $5)
     UNION ALL
     (SELECT id, priority, created_at FROM runs
      WHERE ready_at <= now() AND NOT held AND project_id = $1 AND workflow = $2
-       AND concurrency_key IS NOT DISTINCT FROM $7::text
-       AND ($8::boolean OR lease_token IS NULL) AND NOT (id = ANY ($9::uuid[]))
-       AND ($10::uuid IS NULL OR (app_id = $10 AND coalesce(
-           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $10 AND d.current))
-           = coalesce($11::uuid, (SELECT d.id FROM deployments d
-                                  WHERE d.app_id = $10 AND d.current))))
-     ORDER BY priority DESC, created_at, id LIMIT $6)
+       AND concurrency_key IS NOT DISTINCT FROM $6::text
+       AND ($7::boolean OR lease_token IS NULL) AND NOT (id = ANY ($8::uuid[]))
+       AND ($9::uuid IS NULL OR (app_id = $9 AND coalesce(
+           deployment, (SELECT d.id FROM deployments d WHERE d.app_id = $9 AND d.current))
+           = coalesce($10::uuid, (SELECT d.id FROM deployments d
+                                  WHERE d.app_id = $9 AND d.current))))
+     ORDER BY priority DESC, created_at, id LIMIT $5)
 ),
 go AS MATERIALIZED (
-    SELECT c.id FROM cand c
+    SELECT c.id, c.priority, c.created_at FROM cand c
     ORDER BY c.priority DESC, c.created_at, c.id
-    LIMIT least($6::integer, (SELECT room FROM busy))
+    LIMIT least($5::integer, (SELECT room FROM busy))
 ),
 to_hold AS MATERIALIZED (
     SELECT h.id FROM runs h
     WHERE h.project_id = $1 AND h.workflow = $2
-      AND h.concurrency_key IS NOT DISTINCT FROM $7::text
+      AND h.concurrency_key IS NOT DISTINCT FROM $6::text
       AND h.ready_at <= now() AND NOT h.held
-      AND ($8::boolean OR h.lease_token IS NULL) AND NOT (h.id = ANY ($9::uuid[]))
+      AND ($7::boolean OR h.lease_token IS NULL) AND NOT (h.id = ANY ($8::uuid[]))
       AND h.id NOT IN (SELECT id FROM go)
       AND (SELECT room FROM busy) <= (SELECT count(*) FROM go)
 ),
--- The holds first (their count), then the leases.
+-- The holds first (their count), then the runs to lease.
 held_now AS MATERIALIZED (
-    SELECT citus_hold_runs(ARRAY(SELECT id FROM to_hold), $5, $9, $8) AS n
+    SELECT citus_hold_runs(ARRAY(SELECT id FROM to_hold), $4, $8, $7) AS n
 )
-SELECT * FROM citus_lease_runs(ARRAY(SELECT id FROM go), $4, $5, $9, $8)
+SELECT id FROM go
 WHERE (SELECT n FROM held_now) IS NOT NULL
 ORDER BY priority DESC, created_at, id;
 

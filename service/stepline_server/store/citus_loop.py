@@ -8,7 +8,9 @@ function asks :func:`stepline_server.store.db.on_citus` and calls the form here 
 * the due runs are found across the shards without locks, then claimed on each shard that
   holds one, by a function delegated to the shard (``citus_claim_on_shard``, called with that
   run's id), which locks and leases on the shard's own table;
-* a run leased at once is leased by ``citus_lease_run`` (lease_runs's rule on the run's shard);
+* a run is leased by ``citus_lease_run`` (lease_runs's rule on the run's shard, the one lease
+  rule there): a run leased at once, and each candidate of the gated claims and pull polls
+  (read across the shards without locks, under the gate's lock where there is one);
 * the group statements (heartbeat, begin, progress, suspend, end), one statement over many runs
   on one PostgreSQL (runs locked in id order, then moved), are here one delegated transition
   call per run, in id order, in one transaction: each call runs on its run's worker, so its
@@ -29,6 +31,9 @@ from stepline_server.store.db import Conn, Q, Record
 CITUS_FORMS: dict[str, tuple[str, ...]] = {
     "claim_due": ("citus_due_candidates", "citus_claim_on_shard"),
     "lease_begin_now": ("citus_lease_run", "citus_run_invocations", "citus_begin"),
+    "claim_pull": ("citus_pull_candidates", "citus_lease_run"),
+    "claim_rate_limited": ("citus_rate_limited_candidates", "citus_lease_run"),
+    "claim_capped": ("citus_capped_candidates", "citus_lease_run"),
     "heartbeat": ("citus_run_projects", "citus_keep_lease"),
     "begin_invocations": ("citus_run_invocations", "citus_begin"),
     "progress": ("citus_run_projects", "citus_progress"),
@@ -82,6 +87,22 @@ async def lease_run(
     return await conn.fetchrow(
         Q["citus_lease_run"], run_id, owner, seconds, holding, takeovers, True
     )
+
+
+async def lease_runs(
+    conn: Conn, run_ids: list[uuid.UUID], owner: str, seconds: float,
+    holding: list[uuid.UUID], takeovers: bool,
+) -> list[Record]:  # fmt: skip
+    """``lease_runs`` on Citus: each of ``run_ids`` leased by ``citus_lease_run`` on its shard,
+    in the order given, in one transaction (the caller's, when it is in one); a run another
+    transaction holds locked, or no longer leasable, is passed over."""
+    leased: list[Record] = []
+    async with conn.transaction():
+        for run_id in run_ids:
+            leased += await conn.fetch(
+                Q["citus_lease_run"], run_id, owner, seconds, holding, takeovers, False
+            )
+    return leased
 
 
 class Invocation(NamedTuple):

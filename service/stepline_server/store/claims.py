@@ -143,22 +143,34 @@ async def claim_rate_limited(
         assert window is not None
         times = rates.start_times(limited.rate, window["starts"], now, window["waiting"])
         take = min(limit, rates.room(times, now))
-        how = (
-            lease.owner,
-            lease.seconds,
-            list(lease.holding),
-            lease.takeovers,
-            *_scope_args(scope),
-        )
-        claimed = (
-            list(await conn.fetch(db.query(conn, "claim_rate_limited"), *group, take, *how))
-            if take > 0
-            else []
-        )
+        claimed = await _claim_rate_limited(conn, group, take, lease, scope) if take > 0 else []
         later = times[len(claimed) :]
         if any(t > now for t in later):
             await conn.execute(Q["defer_rate_limited"], *group, later)
         return claimed
+
+
+async def _claim_rate_limited(
+    conn: Conn,
+    group: tuple[uuid.UUID, str, str | None],
+    take: int,
+    lease: Lease,
+    scope: PullScope | None,
+) -> list[Record]:
+    """With the limit's lock held: lease up to ``take`` of ``group``'s due runs not yet
+    started (``claim_rate_limited``; on Citus its candidates, each leased on its shard)."""
+    if on_citus(conn):
+        go = await conn.fetch(Q["citus_rate_limited_candidates"], *group, take, *_scope_args(scope))
+        return await _citus_lease(conn, [r["id"] for r in go], lease)
+    how = (lease.owner, lease.seconds, list(lease.holding), lease.takeovers, *_scope_args(scope))
+    return list(await conn.fetch(Q["claim_rate_limited"], *group, take, *how))
+
+
+async def _citus_lease(conn: Conn, run_ids: list[uuid.UUID], lease: Lease) -> list[Record]:
+    """``run_ids`` leased under ``lease`` on Citus, each on its shard, in the order given."""
+    return await citus_loop.lease_runs(
+        conn, run_ids, lease.owner, lease.seconds, list(lease.holding), lease.takeovers
+    )
 
 
 @dataclass(frozen=True)
@@ -180,13 +192,20 @@ async def claim_capped(
     and the leases are taken under the cap's lock, so two orchestrators never both see the same
     room. Only runs in ``scope`` are leased, when given; the cap counts and holds the
     workflow's runs whatever their deployment."""
+    group = (capped.project_id, capped.workflow, capped.cap)
+    holding = list(lease.holding)
     async with conn.transaction():
         await conn.execute(Q["lock_workflow"], capped.project_id, capped.workflow, capped.key)
-        args = (capped.workflow, capped.cap, lease.owner, lease.seconds, limit, capped.key)
+        if on_citus(conn):
+            go = await conn.fetch(
+                Q["citus_capped_candidates"], *group, lease.seconds, limit, capped.key,
+                lease.takeovers, holding, *_scope_args(scope),
+            )  # fmt: skip
+            return await _citus_lease(conn, [r["id"] for r in go], lease)
         return list(
             await conn.fetch(
-                db.query(conn, "claim_capped"), capped.project_id, *args, lease.takeovers,
-                list(lease.holding), *_scope_args(scope),
+                Q["claim_capped"], *group, lease.owner, lease.seconds, limit, capped.key,
+                lease.takeovers, holding, *_scope_args(scope),
             )
         )  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from stepline_server.store import db
+from stepline_server.store import citus_loop, db
 from stepline_server.store.claims import Lease, PullScope, claim_gated
 from stepline_server.store.db import Conn, Q, Record
 
@@ -26,17 +26,18 @@ async def claim(
     lapsed are left to their workers. Only runs on ``deployment`` (None: the app's current
     one)."""
     lease = Lease(owner, lease_seconds, (), takeovers)
-    claimed = list(
-        await conn.fetch(
-            db.query(conn, "claim_pull"),
-            limit,
-            app_id,
-            lease.owner,
-            lease.seconds,
-            lease.takeovers,
-            deployment,
+    if db.on_citus(conn):
+        due = await conn.fetch(Q["citus_pull_candidates"], limit, app_id, deployment, takeovers)
+        claimed = await citus_loop.lease_runs(
+            conn, [r["id"] for r in due], owner, lease_seconds, [], takeovers
         )
-    )
+        claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
+    else:
+        claimed = list(
+            await conn.fetch(
+                Q["claim_pull"], limit, app_id, owner, lease_seconds, takeovers, deployment
+            )
+        )
     room = limit - len(claimed)
     if room > 0:
         groups = await conn.fetch(Q["due_gated_pull_groups"], app_id, deployment)
