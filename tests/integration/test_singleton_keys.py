@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from stepline_server.store import apps, db, keys, runs
+from stepline_server.store import apps, db, keys, runs, waits
 from stepline_server.store.db import Q
 
 P = keys.DEFAULT_PROJECT
@@ -125,3 +125,28 @@ async def test_a_start_after_the_first_rolled_back_takes_the_key(database_url: s
     finally:
         await a.close()
         await b.close()
+
+
+async def test_retention_deletes_a_keys_row_with_the_run_that_holds_it(database_url: str) -> None:
+    """Runs ended past the retention go with the keys they held last; a key taken since by a
+    newer run stays that run's, and still holds the next start back."""
+    conn = await db.connect(database_url)
+    try:
+        await _setup(conn)
+        ada, bob = _new("sync", {"user": "ada"}), _new("sync", {"user": "bob"})
+        for run in (ada, bob):
+            assert await runs.insert(conn, run, notify=False) is not None
+            await _end(conn, run.id)
+        newer = _new("sync", {"user": "ada"})
+        assert await runs.insert(conn, newer, notify=False) is not None
+        await conn.execute(
+            "UPDATE runs SET ended_at = now() - interval '40 days' WHERE id = ANY ($1::uuid[])",
+            [ada.id, bob.id],
+        )
+        assert await waits.delete_old_runs(conn, 30 * 86_400.0) == 2
+        holders = [r["run_id"] for r in await conn.fetch("SELECT run_id FROM run_singletons")]
+        assert holders == [newer.id]
+        assert await runs.insert(conn, _new("sync", {"user": "ada"}), notify=False) is None
+        assert await runs.insert(conn, _new("sync", {"user": "bob"}), notify=False) is not None
+    finally:
+        await conn.close()

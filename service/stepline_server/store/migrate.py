@@ -3,7 +3,10 @@
 Each migration runs in its own transaction that first takes a transaction-level advisory lock,
 so orchestrators starting together apply each file exactly once: the second waits, then finds
 the version recorded in ``stepline_migrations`` and skips it. A migration file therefore must
-not contain statements that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``).
+not contain statements that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``). On a
+Citus database laid out already, DDL on a distributed or reference table is sent to the
+workers as the whole text it came in, which Citus refuses when it holds several commands: such
+a statement stands alone in its file.
 ``schema.sql`` is the current truth, folded: each object once, in its final form, never the
 migrations pasted in order. A test checks that the migrations produce exactly it, so a new
 migration changes ``schema.sql`` in the same commit.

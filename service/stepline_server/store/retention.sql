@@ -2,14 +2,27 @@
 
 -- name: delete_old_runs
 -- Up to $2 runs that ended more than $1 seconds ago, with their steps, callbacks, history and
--- log lines (each cascade goes through an index). Rows another sweeper is deleting are passed over.
-DELETE FROM runs WHERE id IN (
-    SELECT id FROM runs
-    WHERE ended_at < now() - make_interval(secs => $1::double precision)
-    ORDER BY ended_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-);
+-- log lines (each cascade goes through an index) and the singleton keys they held last
+-- (forget_singletons). Rows another sweeper is deleting are passed over. Answers how many.
+WITH gone AS (
+    DELETE FROM runs WHERE id IN (
+        SELECT id FROM runs
+        WHERE ended_at < now() - make_interval(secs => $1::double precision)
+        ORDER BY ended_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+),
+freed AS (
+    DELETE FROM run_singletons s WHERE s.run_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone;
+
+-- name: forget_singletons
+-- The singleton keys runs $1 (deleted) held last: their rows go (a key taken since by another
+-- run names that run, and stays). On Citus, after on_citus_delete_old_runs.
+DELETE FROM run_singletons WHERE run_id = ANY ($1::uuid[]);
 
 -- name: delete_old_events
 -- Up to $2 events received more than $1 seconds ago.

@@ -235,6 +235,7 @@ CREATE TABLE run_singletons (
     run_id uuid NOT NULL
 );
 COMMENT ON TABLE run_singletons IS 'Which run holds each singleton key: id is singleton_id(environment, workflow, key value); the key is held while that run has not ended (a run ended or gone frees it, so an end writes nothing here).';
+CREATE INDEX run_singletons_run ON run_singletons (run_id);
 
 -- Debounces and batches: starts gathered into one run until the gathering fires.
 CREATE TABLE run_gatherings (

@@ -226,7 +226,8 @@ async def delete_old_events(conn: Conn, older_than_seconds: float, limit: int = 
 
 
 async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 500) -> int:
-    """Delete up to ``limit`` runs that ended more than ``older_than_seconds`` ago."""
+    """Delete up to ``limit`` runs that ended more than ``older_than_seconds`` ago, and the
+    singleton keys they held last; how many runs."""
     if db.on_citus(conn):
         # Their children lose their parent here: on Citus no foreign key does it.
         async with conn.transaction():
@@ -234,9 +235,9 @@ async def delete_old_runs(conn: Conn, older_than_seconds: float, limit: int = 50
                                                       older_than_seconds, limit)]  # fmt: skip
             if gone:
                 await conn.execute(Q["on_citus_forget_parents"], gone)
+                await conn.execute(Q["forget_singletons"], gone)
         return len(gone)
-    status = await conn.execute(Q["delete_old_runs"], older_than_seconds, limit)
-    return int(status.split()[-1])
+    return int(await conn.fetchval(Q["delete_old_runs"], older_than_seconds, limit))
 
 
 async def delete_old_ticks(conn: Conn, older_than_seconds: float, limit: int = 5000) -> int:
