@@ -89,6 +89,20 @@ async def lease_run(
     )
 
 
+async def claim_pull(
+    conn: Conn, limit: int, app_id: uuid.UUID, deployment: uuid.UUID | None, owner: str,
+    seconds: float, takeovers: bool,
+) -> list[Record]:  # fmt: skip
+    """``claim_pull`` on Citus: up to ``limit`` due runs of pull app ``app_id`` on
+    ``deployment``, read across the shards without locks (``citus_pull_candidates``), each
+    then leased on its shard (:func:`lease_runs`); higher priority first, then the longest
+    due."""
+    due = await conn.fetch(Q["citus_pull_candidates"], limit, app_id, deployment, takeovers)
+    claimed = await lease_runs(conn, [r["id"] for r in due], owner, seconds, [], takeovers)
+    claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
+    return claimed
+
+
 async def lease_runs(
     conn: Conn, run_ids: list[uuid.UUID], owner: str, seconds: float,
     holding: list[uuid.UUID], takeovers: bool,

@@ -27,11 +27,9 @@ async def claim(
     one)."""
     lease = Lease(owner, lease_seconds, (), takeovers)
     if db.on_citus(conn):
-        due = await conn.fetch(Q["citus_pull_candidates"], limit, app_id, deployment, takeovers)
-        claimed = await citus_loop.lease_runs(
-            conn, [r["id"] for r in due], owner, lease_seconds, [], takeovers
+        claimed = await citus_loop.claim_pull(
+            conn, limit, app_id, deployment, owner, lease_seconds, takeovers
         )
-        claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
     else:
         claimed = list(
             await conn.fetch(
