@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from stepline_server.engine import gathering, rates
@@ -337,39 +337,45 @@ async def test_a_rate_limit_leases_its_window_and_defers_the_rest(database_url: 
 async def test_a_rate_limited_claim_that_waited_for_its_lock_counts_the_whole_window(
     database_url: str,
 ) -> None:
-    """Two in two seconds: two runs started, then a claim that waited longer than the period
-    for the limit's lock (held by another transaction) still counts those two starts, as of
-    the time its leases would start runs at (its transaction's), and starts none. On Citus the
-    window's rows are read on the workers, whose transactions there began only once the lock
-    was taken."""
+    """Two an hour: a claim waits for the limit's lock while the lock's holder records two
+    starts just inside the hour before the claim's transaction began; the claim counts them,
+    as of its transaction's time (the time its leases would start runs at), and starts
+    nothing. On Citus the window's rows are read on the workers, whose transactions there
+    began only once the lock was taken: counted to their now(), the two starts had left the
+    window."""
     holder, claimer = await db.connect(database_url), await db.connect(database_url)
     try:
-        options = {"rateLimit": {"limit": 2, "periodMs": 2000}}
+        options = {"rateLimit": {"limit": 2, "periodMs": 3_600_000}}
         await _app(claimer, [("limited", options)])
         started = [await _start(claimer, "limited") for _ in range(3)]
-        limit = claims.RateLimited(P, "limited", None, rates.RateLimit(2, timedelta(seconds=2)))
-        lease = claims.Lease("here", 60)
-        lock = (db.Q["lock_rate"], P, "limited", None)
-        await holder.execute(*lock)  # the holder's session ready before the clock matters
-        assert len(await claims.claim_rate_limited(claimer, limit, lease, 10)) == 2
+        hour = timedelta(hours=1)
+        limit = claims.RateLimited(P, "limited", None, rates.RateLimit(2, hour))
         async with holder.transaction():
-            await holder.execute(*lock)
+            await holder.execute(db.Q["lock_rate"], P, "limited", None)
+            lease = claims.Lease("here", 60)
             claim = asyncio.create_task(claims.claim_rate_limited(claimer, limit, lease, 10))
             pid = claimer.get_server_pid()
-            await until(lambda: _waiting_for_a_lock(holder, pid), "the claim waiting for the lock")
-            await asyncio.sleep(2.2)  # the lock held past the period of the first two starts
+            began = await until(
+                lambda: _waiting_for_a_lock(holder, pid), "the claim waiting for the lock"
+            )
+            await holder.execute(
+                "UPDATE runs SET started_at = $1 WHERE id = ANY ($2::uuid[])",
+                began - hour + timedelta(milliseconds=500),
+                started[:2],
+            )
+            await asyncio.sleep(1.0)  # the claim waits past those starts' hour
         assert await claim == []
         rows = await _runs(claimer, "limited")
         assert rows[started[2]]["started_at"] is None
-        first_starts = max(rows[r]["started_at"] for r in started[:2])
-        assert rows[started[2]]["ready_at"] >= first_starts + timedelta(seconds=2)
+        assert rows[started[2]]["ready_at"] >= began + timedelta(milliseconds=500)
     finally:
         await holder.close()
         await claimer.close()
 
 
-async def _waiting_for_a_lock(conn: db.Conn, pid: int) -> bool | None:
-    waiting = await conn.fetchval(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+async def _waiting_for_a_lock(conn: db.Conn, pid: int) -> datetime | None:
+    """When the transaction of backend ``pid`` began, once it waits for a lock."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+        pid,
     )
-    return True if waiting else None

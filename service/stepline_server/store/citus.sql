@@ -272,31 +272,41 @@ END
 $fn$;
 
 -- name: citus_due_candidates
--- (claim_due on Citus, first) Up to $2 runs claim_due would take now, read across the shards
--- without locks, the longest due first (and pull apps' runs past their deadline): the
--- per-shard claim is then called with these alone, each naming its shard, so a claim cycle
--- asks no shard that has nothing due, and costs the orchestrator one statement more than the
--- shards it claims on. The conditions are citus_claim_on_shard's (push_due, pull_overdue),
--- kept beside it: a run left out here would never be claimed, one let in costs a call.
+-- (claim_due on Citus, first) The runs claim_due would take now, read across the shards
+-- without locks: up to $2 of the longest due, up to $2 of those with a priority above the
+-- default (highest first: a run that goes ahead of a backlog is found in it), and up to $2
+-- pull apps' runs past their deadline; each with its priority, when it is due and its shard.
+-- The per-shard claim is then called on these shards alone, so a claim cycle asks no shard
+-- that has nothing due, and costs the orchestrator one statement more than the shards it
+-- claims on. The conditions are citus_claim_on_shard's (push_due, pull_overdue), kept beside
+-- it: a run left out here would never be claimed, one let in costs a call.
 -- $1: the timer lead (seconds), $3: the runs this orchestrator is invoking, $4: takeovers.
-(SELECT id FROM runs
- WHERE ready_at <= now() + make_interval(secs => $1::double precision) AND NOT pull
-   AND NOT (id = ANY ($3::uuid[])) AND ($4::boolean OR lease_token IS NULL)
-   AND (NOT options ? 'concurrency' OR deadline_at <= now())
-   AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
-        OR deadline_at <= now())
-   AND (ready_at <= now()
-        OR (SELECT min(s.wake_at) FROM steps s
-            WHERE s.run_id = runs.id AND s.status = 'sleeping')
-           <= now() + make_interval(secs => $1::double precision))
- ORDER BY ready_at
- LIMIT $2)
-UNION ALL
-(SELECT id FROM runs
- WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
-   AND ($4::boolean OR lease_token IS NULL)
- ORDER BY deadline_at
- LIMIT $2);
+WITH push_due AS NOT MATERIALIZED (
+    SELECT id, priority, ready_at FROM runs
+    WHERE ready_at <= now() + make_interval(secs => $1::double precision) AND NOT pull
+      AND NOT (id = ANY ($3::uuid[])) AND ($4::boolean OR lease_token IS NULL)
+      AND (NOT options ? 'concurrency' OR deadline_at <= now())
+      AND (NOT options ? 'rateLimit' OR started_at IS NOT NULL OR cancel_requested
+           OR deadline_at <= now())
+      AND (ready_at <= now()
+           OR (SELECT min(s.wake_at) FROM steps s
+               WHERE s.run_id = runs.id AND s.status = 'sleeping')
+              <= now() + make_interval(secs => $1::double precision))
+),
+found AS (
+    (SELECT * FROM push_due ORDER BY ready_at LIMIT $2)
+    UNION ALL
+    (SELECT * FROM push_due WHERE priority > 0 ORDER BY priority DESC, ready_at LIMIT $2)
+    UNION ALL
+    (SELECT id, priority, ready_at FROM runs
+     WHERE pull AND ready_at IS NOT NULL AND deadline_at <= now() AND ready_at <= now()
+       AND ($4::boolean OR lease_token IS NULL)
+     ORDER BY deadline_at
+     LIMIT $2)
+)
+SELECT DISTINCT id, priority, ready_at,
+       get_shard_id_for_distribution_column('runs', id) AS shard
+FROM found;
 
 -- name: citus_claim_on_shard
 SELECT * FROM citus_claim_on_shard($1, $2, $3, $4, $5, $6, $7);

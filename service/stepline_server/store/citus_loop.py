@@ -55,26 +55,24 @@ async def claim_due(
 ) -> list[Record]:
     """``claim_due`` on Citus: up to ``limit`` due runs. The due runs are found across the
     shards first, without locks (``citus_due_candidates``); then each shard holding one is
-    claimed on (``citus_claim_on_shard``, called with that run's id), its due runs in its
-    order, until the claim is full. A shard with nothing due is never called, so a cycle costs
-    one statement plus one call per shard with work, however many shards there are. Answered
-    higher priority first, then the longest due."""
+    claimed on (``citus_claim_on_shard``, called with one of its runs' ids), the shard of the
+    highest priority, longest due candidate first, each for as many runs as it holds
+    candidates (its due runs in its own order), until the claim is full. A shard with nothing
+    due is never called, so a cycle costs one statement plus one call per shard with work,
+    however many shards there are. Answered higher priority first, then the longest due."""
     candidates = await conn.fetch(Q["citus_due_candidates"], lead, limit, holding, takeovers)
+    shards: dict[int, list[Record]] = {}
+    for c in sorted(candidates, key=lambda c: (-c["priority"], c["ready_at"], c["id"])):
+        shards.setdefault(c["shard"], []).append(c)
     claimed: list[Record] = []
-    asked: set[uuid.UUID] = set()
-    for candidate in candidates:
-        room = limit - len(claimed)
+    for held in shards.values():
+        room = min(limit - len(claimed), len(held))
         if room <= 0:
             break
-        if candidate["id"] in asked:
-            continue  # its shard's call took it already
-        rows = await conn.fetch(
-            Q["citus_claim_on_shard"], candidate["id"], room, owner, seconds, lead, takeovers,
+        claimed += await conn.fetch(
+            Q["citus_claim_on_shard"], held[0]["id"], room, owner, seconds, lead, takeovers,
             holding,
         )  # fmt: skip
-        claimed += rows
-        asked.add(candidate["id"])
-        asked.update(row["id"] for row in rows)
     claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
     return claimed
 
