@@ -435,6 +435,38 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION citus_complete_callback(
+    p_callback uuid, p_run uuid, p_body jsonb, p_project uuid
+) RETURNS TABLE (callback callbacks, woken boolean, pull boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    c callbacks;
+    v_woken boolean;
+BEGIN
+    -- complete_callback for callback p_callback of run p_run (read before: a callback's id
+    -- does not name its run), each statement on the run's shard: the callback completed if
+    -- still pending (and of project p_project when given), its step completed, the run woken
+    -- by run_wake with the same history (complete_callback's, kept beside it). No row when
+    -- nothing was pending. (On every shard, as complete_callback is without its run, Citus
+    -- makes each such write wait for every other on the same table.)
+    UPDATE callbacks SET status = 'completed', body = p_body, completed_at = now()
+    WHERE id = p_callback AND run_id = p_run AND status = 'pending'
+      AND (p_project IS NULL OR project_id = p_project)
+    RETURNING * INTO c;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE steps SET status = 'completed', output = p_body, ended_at = now()
+    WHERE run_id = p_run AND name = c.step_name AND status = 'waiting';
+    v_woken := run_wake(p_run, c.project_id, jsonb_build_array(
+        jsonb_build_object('type', 'callback.completed', 'step_name', c.step_name,
+                           'data', jsonb_build_object('callbackId', p_callback::text)),
+        jsonb_build_object('type', 'step.completed', 'step_name', c.step_name,
+                           'data', '{"kind": "callback"}'::jsonb)));
+    RETURN QUERY SELECT c, v_woken, (SELECT r.pull FROM runs r WHERE r.id = p_run);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION citus_forget_parents(p_parents uuid[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -509,6 +541,14 @@ WHERE id IN (SELECT id FROM runs
              LIMIT $2)
   AND ended_at < now() - make_interval(secs => $1::double precision)
 RETURNING id;
+
+-- name: on_citus_complete_callback
+-- complete_callback on Citus, for the callback's run $5 (callback_run; NULL: no such
+-- callback, nothing changes): citus_complete_callback, each statement on the run's shard; the
+-- wake-up sent from the coordinator's session.
+SELECT (f.callback).*, f.woken AS run_woken,
+       CASE WHEN $4::boolean OR (f.woken AND f.pull) THEN pg_notify('stepline_wake', '') END
+FROM citus_complete_callback($1::uuid, $5::uuid, $2::jsonb, $3::uuid) f;
 
 -- name: on_citus_forget_parents
 -- The runs whose parent is one of $1 (deleted) have none any more (citus_forget_parents).

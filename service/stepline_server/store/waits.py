@@ -49,10 +49,13 @@ async def complete_callback(
     it), and :attr:`Completed.taken` has it. A callback completed before with the same body
     (as JSON: key order and spacing aside) is :attr:`Completed.repeated`, and nothing changes."""
     async with conn.transaction():
-        run_id = await conn.fetchval(Q["callback_run"], callback_id) if db.on_citus(conn) else None
-        row = await conn.fetchrow(
-            Q["complete_callback"], callback_id, body, project_id, notify, run_id
-        )
+        if db.on_citus(conn):
+            run_id = await conn.fetchval(Q["callback_run"], callback_id)
+            row = await conn.fetchrow(
+                Q["on_citus_complete_callback"], callback_id, body, project_id, notify, run_id
+            )
+        else:
+            row = await conn.fetchrow(Q["complete_callback"], callback_id, body, project_id, notify)
         if row is None:
             row = await get_callback(conn, callback_id, project_id)
             repeated = row is not None and bool(

@@ -34,22 +34,16 @@ SELECT status = 'completed' AND body IS NOT DISTINCT FROM $2::jsonb FROM callbac
 -- Completes pending callback $1 (of project $3 when given) with body $2: its step completes,
 -- the history says so, and the run wakes (wake_run's rule: now, or right after its active
 -- invocation), with every orchestrator's dispatcher when $4. A pull app's run always wakes
--- every orchestrator (their workers' polls claim it). $5: the callback's run when known
--- (callback_run): on Citus the callback's and its step's rows are then written on that run's
--- shard alone, not looked for on every shard (Citus makes a write to many shards wait for
--- every other such write to the same table). (The run itself is not named by $5: a statement
--- whose scans all name one shard is sent whole to its worker, where run_wake may not run.)
+-- every orchestrator (their workers' polls claim it). (On Citus: on_citus_complete_callback.)
 WITH c AS (
     UPDATE callbacks SET status = 'completed', body = $2, completed_at = now()
     WHERE id = $1 AND status = 'pending' AND ($3::uuid IS NULL OR project_id = $3)
-      AND ($5::uuid IS NULL OR run_id = $5)
     RETURNING *
 ),
 s AS (
     UPDATE steps SET status = 'completed', output = $2, ended_at = now()
     FROM c
     WHERE steps.run_id = c.run_id AND steps.name = c.step_name AND steps.status = 'waiting'
-      AND ($5::uuid IS NULL OR steps.run_id = $5)
 ),
 w AS (
     -- (A CTE that reads c: the run wakes once its callback is completed.)
@@ -65,7 +59,7 @@ SELECT c.*, w.woken AS run_woken,
 FROM c JOIN w ON w.run_id = c.run_id LEFT JOIN runs r ON r.id = c.run_id;
 
 -- name: callback_run
--- The run of callback $1, read without a lock (complete_callback's $5 on Citus).
+-- The run of callback $1, read without a lock (on Citus, before on_citus_complete_callback).
 SELECT run_id FROM callbacks WHERE id = $1;
 
 -- name: lock_event_name
