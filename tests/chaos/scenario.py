@@ -264,8 +264,12 @@ async def run(config: Config, out: Callable[[str], None] = print) -> checks.Repo
         for fault in fault_log:
             out(f"  fault {fault.kind} {','.join(fault.targets)} at +{fault.began - began:.1f} s")
         out(f"  load done after {time.time() - began:.1f} s; collecting")
+        # The app's records first: an invocation it received had its begin committed before,
+        # so the histories read next have it; read after them, the records would hold
+        # invocations of runs still going begun since (none of those in their histories).
+        records = _read_records(workdir / "records.jsonl")
         observed = await _collect(api, ledger)
-        observed.records = _read_records(workdir / "records.jsonl")
+        observed.records = records
         if config.keep:
             dump = {"runs": observed.runs, "histories": observed.histories}
             (workdir / "observed.json").write_text(json.dumps(dump))
