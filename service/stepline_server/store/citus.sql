@@ -467,6 +467,49 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION citus_match_event_run(
+    p_run uuid, p_project uuid, p_name text, p_data jsonb, p_event_id text
+) RETURNS TABLE (id uuid, pull boolean) LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_name text;
+    v_names text[] := '{}';
+BEGIN
+    -- match_event for run p_run alone (a candidate read before without locks), each statement
+    -- on the run's shard: its steps of project p_project waiting for event p_name whose match
+    -- fields all equal p_data's completed (still waiting: one that timed out meanwhile is
+    -- passed over), then the run woken by run_wake with event.received and step.completed for
+    -- each, in step name order (match_event's history, kept beside it). A row for the run
+    -- when it was woken, with whether it is a pull app's.
+    FOR v_name IN
+        UPDATE steps s SET status = 'completed', output = p_data, ended_at = now()
+        WHERE s.run_id = p_run AND s.project_id = p_project AND s.kind = 'event'
+          AND s.status = 'waiting' AND s.event_name = p_name
+          AND NOT EXISTS (
+              SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof(s.match) = 'object'
+                                            THEN s.match ELSE '{}'::jsonb END) f
+              WHERE f.value IS DISTINCT FROM
+                    CASE WHEN jsonb_typeof(p_data) = 'object' THEN p_data -> f.key END)
+        RETURNING s.name
+    LOOP
+        v_names := v_names || v_name;
+    END LOOP;
+    IF cardinality(v_names) = 0 THEN
+        RETURN;
+    END IF;
+    IF run_wake(p_run, p_project, (
+        SELECT jsonb_agg(x.ev ORDER BY n.name, x.i)
+        FROM unnest(v_names) n(name) CROSS JOIN LATERAL (VALUES
+            (0, jsonb_build_object('type', 'event.received', 'step_name', n.name,
+                                   'data', jsonb_build_object('event', p_name,
+                                                              'eventId', p_event_id))),
+            (1, jsonb_build_object('type', 'step.completed', 'step_name', n.name,
+                                   'data', '{"kind": "event"}'::jsonb))) AS x(i, ev)))
+    THEN
+        RETURN QUERY SELECT p_run, (SELECT r.pull FROM runs r WHERE r.id = p_run);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION citus_forget_parents(p_parents uuid[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -549,6 +592,26 @@ RETURNING id;
 SELECT (f.callback).*, f.woken AS run_woken,
        CASE WHEN $4::boolean OR (f.woken AND f.pull) THEN pg_notify('stepline_wake', '') END
 FROM citus_complete_callback($1::uuid, $5::uuid, $2::jsonb, $3::uuid) f;
+
+-- name: on_citus_match_event
+-- match_event on Citus: the runs with a step waiting for the event that it matches, read
+-- without locks (every shard: an event may match a run on any), each then completed on its
+-- shard by citus_match_event_run, in run id order. (As one statement, a write across every
+-- shard of steps, which Citus makes wait for every other such write to the table.)
+WITH cand AS MATERIALIZED (
+    SELECT DISTINCT s.run_id FROM steps s
+    WHERE s.project_id = $2 AND s.kind = 'event' AND s.status = 'waiting'
+      AND s.event_name = $3
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each(CASE WHEN jsonb_typeof(s.match) = 'object'
+                                        THEN s.match ELSE '{}'::jsonb END) f
+          WHERE f.value IS DISTINCT FROM
+                CASE WHEN jsonb_typeof($4::jsonb) = 'object' THEN $4::jsonb -> f.key END)
+    ORDER BY s.run_id
+)
+SELECT m.id, m.pull
+FROM cand CROSS JOIN LATERAL citus_match_event_run(
+    cand.run_id, $2::uuid, $3::text, $4::jsonb, coalesce($5::text, $1::uuid::text)) m;
 
 -- name: on_citus_forget_parents
 -- The runs whose parent is one of $1 (deleted) have none any more (citus_forget_parents).

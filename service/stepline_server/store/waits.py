@@ -125,7 +125,9 @@ async def send_event(
                 [uuid.UUID(r) for r in answer.get("started", [])],
                 repeated=True,
             )
-        rows = await conn.fetch(Q["match_event"], event_id, project_id, name, data, key)
+        rows = await conn.fetch(
+            db.query(conn, "match_event"), event_id, project_id, name, data, key
+        )
         matched = [row["id"] for row in rows]
         if any(row["pull"] for row in rows):
             await conn.execute(Q["notify_wake"])
