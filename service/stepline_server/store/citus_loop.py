@@ -55,22 +55,29 @@ async def claim_due(
 ) -> list[Record]:
     """``claim_due`` on Citus: up to ``limit`` due runs. The due runs are found across the
     shards first, without locks (``citus_due_candidates``); then each shard holding one is
-    claimed on (``citus_claim_on_shard``, called with one of its runs' ids), the shard of the
-    highest priority, longest due candidate first, each for as many runs as it holds
-    candidates (its due runs in its own order), until the claim is full. A shard with nothing
-    due is never called, so a cycle costs one statement plus one call per shard with work,
-    however many shards there are. Answered higher priority first, then the longest due."""
+    claimed on (``citus_claim_on_shard``, called with one of its runs' ids) in the candidates'
+    order, highest priority and longest due first, for as many runs as it holds candidates in
+    a row in that order (its due runs in its own order), until the claim is full. A shard with
+    nothing due is never called, so a cycle costs one statement plus about one call per shard
+    with work, however many shards there are. Answered higher priority first, then the longest
+    due."""
     candidates = await conn.fetch(Q["citus_due_candidates"], lead, limit, holding, takeovers)
-    shards: dict[int, list[Record]] = {}
-    for c in sorted(candidates, key=lambda c: (-c["priority"], c["ready_at"], c["id"])):
-        shards.setdefault(c["shard"], []).append(c)
+    ordered = sorted(candidates, key=lambda c: (-c["priority"], c["ready_at"], c["id"]))
+    # Consecutive candidates of one shard are claimed by one call, so runs go in the order
+    # above across shards (a shard's later runs wait for the other shards' earlier ones).
+    turns: list[list[Record]] = []
+    for c in ordered:
+        if turns and turns[-1][0]["shard"] == c["shard"]:
+            turns[-1].append(c)
+        else:
+            turns.append([c])
     claimed: list[Record] = []
-    for held in shards.values():
-        room = min(limit - len(claimed), len(held))
+    for turn in turns:
+        room = min(limit - len(claimed), len(turn))
         if room <= 0:
             break
         claimed += await conn.fetch(
-            Q["citus_claim_on_shard"], held[0]["id"], room, owner, seconds, lead, takeovers,
+            Q["citus_claim_on_shard"], turn[0]["id"], room, owner, seconds, lead, takeovers,
             holding,
         )  # fmt: skip
     claimed.sort(key=lambda r: (-r["priority"], r["due_in"]))
