@@ -163,6 +163,7 @@ async def record_sync(
     env = app["project_id"]
     names = [name for name, _ in workflows]
     async with conn.transaction():
+        await conn.execute(Q["lock_app_sync"], env)
         held = list(await conn.fetch(Q["workflows_held_elsewhere"], env, app["id"], names))
         if held and not take_over:
             raise WorkflowsTaken(held)

@@ -128,3 +128,10 @@ SELECT w.*, a.url AS app_url, a.slug AS app_slug, a.name AS app_name,
        a.paused_at AS app_paused_at
 FROM workflows w JOIN apps a ON a.id = w.app_id
 WHERE w.project_id = $1 AND w.name = $2;
+
+-- name: lock_app_sync
+-- Serialises the syncs of environment $1's apps until the transaction ends: on Citus the
+-- tables a sync writes are reference tables, whose rows are locked on every node, and two
+-- syncs at once (workers of one pull app starting together) deadlocked. Namespace 6 of the
+-- advisory locks.
+SELECT pg_advisory_xact_lock(6, hashtext($1::uuid::text));
