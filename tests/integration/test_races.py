@@ -42,8 +42,12 @@ async def leased_run(conn: db.Conn, workflow: str = "wf", options: Any = None) -
     return progress.Progress(run_id, claim["lease_token"], claim["invocation_id"], plan)
 
 
-def event_wait(item: progress.Progress, event: str) -> progress.Progress:
-    update = StepUpdate(name="wait", kind=StepKind.EVENT, action=Action.EVENT, event=event)
+def event_wait(
+    item: progress.Progress, event: str, match: dict[str, Any] | None = None
+) -> progress.Progress:
+    update = StepUpdate(
+        name="wait", kind=StepKind.EVENT, action=Action.EVENT, event=event, match=match
+    )
     plan = plan_updates(str(item.run_id), [update])
     return progress.Progress(item.run_id, item.token, item.invocation_id, plan, seq=1)
 
@@ -100,6 +104,72 @@ async def test_a_wait_recorded_while_its_event_commits_takes_the_event(database_
             "SELECT output FROM steps WHERE run_id = $1 AND name = 'wait'", item.run_id
         )
         assert output == 7
+    finally:
+        await close_all(conns)
+
+
+async def test_a_wait_with_match_fields_holds_up_only_the_events_it_could_match(
+    database_url: str,
+) -> None:
+    """A wait for order 1 recorded in a transaction still open: an event of another order is
+    sent meanwhile without waiting for it; one of order 1 (``1.0`` equals ``1`` in JSON) waits
+    for it, then resumes the run."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        item = event_wait(await leased_run(first), "order.paid", {"order": 1})
+        async with first.transaction():
+            assert await progress.apply_plan(first, item) is not None
+            other = asyncio.ensure_future(
+                waits.send_event(second, PROJECT, "order.paid", {"order": 2})
+            )
+            assert not await blocked_or_done(watcher, second.get_server_pid(), other)
+            assert (await other)[1].matched == []
+            sending = asyncio.ensure_future(
+                waits.send_event(second, PROJECT, "order.paid", {"n": 5, "order": 1.0})
+            )
+            assert await blocked_or_done(watcher, second.get_server_pid(), sending)
+        assert (await sending)[1].matched == [item.run_id]
+        assert await step_status(watcher, item.run_id, "wait") == "completed"
+    finally:
+        await close_all(conns)
+
+
+async def test_two_sends_of_one_event_never_wait_for_each_other(database_url: str) -> None:
+    """An event of one name and data sent in a transaction still open does not hold up another
+    send of the same (before, every send of a name waited for the one before it)."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        await leased_run(first)
+        async with first.transaction():
+            await waits.send_event(first, PROJECT, "order.paid", {"order": 1})
+            other = asyncio.ensure_future(
+                waits.send_event(second, PROJECT, "order.paid", {"order": 1})
+            )
+            assert not await blocked_or_done(watcher, second.get_server_pid(), other)
+            await other
+    finally:
+        await close_all(conns)
+
+
+async def test_an_event_of_many_fields_holds_up_every_wait_of_its_name(
+    database_url: str,
+) -> None:
+    """An event whose data has more fields than are locked one by one, sent in a transaction
+    still open: a wait matching one of its fields waits for it, then takes the event."""
+    first, second, watcher = conns = await connections(database_url, 3)
+    try:
+        item = event_wait(await leased_run(first), "order.paid", {"f7": 7})
+        data = {f"f{i}": i for i in range(40)}
+        async with second.transaction():
+            _, sent = await waits.send_event(second, PROJECT, "order.paid", data)
+            assert sent.matched == []
+            recording = asyncio.ensure_future(progress.apply_plan(first, item))
+            assert await blocked_or_done(watcher, first.get_server_pid(), recording)
+        assert await recording is not None
+        output = await watcher.fetchval(
+            "SELECT output FROM steps WHERE run_id = $1 AND name = 'wait'", item.run_id
+        )
+        assert output == data
     finally:
         await close_all(conns)
 

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from stepline_server.engine import event_locks
 from stepline_server.engine import logs as run_logs
 from stepline_server.engine import state as state_rules
 from stepline_server.engine.events import EventType
@@ -112,10 +113,11 @@ async def _apply(conn: Conn, item: Progress) -> Record | None:
         if run is None:
             return None
         since = run["progress_at"]
-        # Waits and events of one name are recorded one at a time (see send_event), in name
-        # order so that two plans never wait for each other's locks.
-        for name in sorted({wait.event_name or "" for wait in plan.event_waits}):
-            await lock_event_name(conn, run["project_id"], name)
+        # A wait and an event that could match it are recorded one at a time (see
+        # send_event), name by name in name order so that two plans never wait in a ring.
+        waits = [(wait.event_name or "", wait.match) for wait in plan.event_waits]
+        for locks in event_locks.wait_locks(str(run["project_id"]), waits):
+            await lock_event_name(conn, run["project_id"], locks)
     row = (await apply_batch(conn, [item])).get(run_id)
     if row is None:
         return None
@@ -131,10 +133,18 @@ async def _apply(conn: Conn, item: Progress) -> Record | None:
     return row
 
 
-async def lock_event_name(conn: Conn, project_id: uuid.UUID, name: str) -> None:
-    """Hold the lock of event ``name`` of the project until the transaction ends: sending an
-    event and recording a wait for it take it, so each sees what the other committed."""
-    await conn.execute(Q["lock_event_name"], project_id, name)
+async def lock_event_name(conn: Conn, project_id: uuid.UUID, locks: event_locks.NameLocks) -> None:
+    """Hold the locks ``locks`` of an event name of the project until the transaction ends:
+    sending an event and recording a wait that could match it take one in common, so each
+    sees what the other committed (:mod:`~stepline_server.engine.event_locks`)."""
+    await conn.execute(
+        Q["lock_event_name"],
+        project_id,
+        locks.name,
+        locks.exclusive,
+        list(locks.fields),
+        locks.fields_exclusive,
+    )
 
 
 async def _take_recent_events(

@@ -8,7 +8,7 @@ from typing import Any
 
 from asyncpg import UniqueViolationError
 
-from stepline_server.engine import gathering, ids
+from stepline_server.engine import event_locks, gathering, ids
 from stepline_server.engine import runs as rules
 from stepline_server.store import children, db, gatherings, leases, outcomes, progress, runs
 from stepline_server.store.db import Conn, Q, Record
@@ -109,15 +109,17 @@ async def send_event(
     event ``name`` whose match fields all equal ``data``'s, and start a run of every workflow
     declared ``on_event`` of it (its id derived from the event, so it starts once); answer the
     event's id (the sender's, else the stored event's) and what was done. A second send of one
-    ``key`` does nothing again and answers the first send's outcome. Serialised with waits for
-    the same event being recorded (:func:`~stepline_server.store.progress.lock_event_name`),
-    so an event and a wait committed at once never miss each other. ``event_id``: the id
+    ``key`` does nothing again and answers the first send's outcome. Serialised with the
+    recording of waits that could match it
+    (:func:`~stepline_server.store.progress.lock_event_name`), so an event and a wait
+    committed at once never miss each other; sends never wait for each other. ``event_id``: the id
     :func:`event_row_id` gave, when a try of this send whose commit was lost came first (the
     same id finds what it kept)."""
     event_id = event_id or event_row_id(project_id, key)
     public_id = key if key is not None else str(event_id)
     async with conn.transaction():
-        await progress.lock_event_name(conn, project_id, name)
+        locks = event_locks.send_locks(str(project_id), name, data)
+        await progress.lock_event_name(conn, project_id, locks)
         if await conn.fetchval(Q["insert_event"], event_id, project_id, name, data, key) is None:
             answer = await conn.fetchval(Q["event_answer"], event_id) or {}
             return public_id, Sent(

@@ -63,10 +63,20 @@ FROM c JOIN w ON w.run_id = c.run_id LEFT JOIN runs r ON r.id = c.run_id;
 SELECT run_id FROM callbacks WHERE id = $1;
 
 -- name: lock_event_name
--- Serialises sending event $2 of project $1 with recording a wait for it, until the
--- transaction ends: each then sees what the other committed (an event and a wait committed at
--- once would otherwise each miss the other). Namespace 1 of the advisory locks.
-SELECT pg_advisory_xact_lock(1, hashtext($1::uuid::text || ':' || $2::text));
+-- Serialises sending event $2 of project $1 with recording a wait for it that could match it,
+-- until the transaction ends: each then sees what the other committed (an event and a wait
+-- committed at once would otherwise each miss the other). The name's lock (namespace 1 of the
+-- advisory locks; exclusive when $3), then the locks of match fields $4 (namespace 7; lock
+-- keys, in the order given; exclusive when $5): engine/event_locks.py says which.
+SELECT CASE WHEN l.exclusive THEN pg_advisory_xact_lock(l.ns, l.k)
+            ELSE pg_advisory_xact_lock_shared(l.ns, l.k) END
+FROM (
+    SELECT 0::bigint AS i, 1 AS ns, hashtext($1::uuid::text || ':' || $2::text) AS k,
+           $3::boolean AS exclusive
+    UNION ALL
+    SELECT u.i, 7, u.k, $5::boolean FROM unnest($4::integer[]) WITH ORDINALITY AS u(k, i)
+) l
+ORDER BY l.i;
 
 -- name: take_recent_event
 -- An event wait just recorded takes the first matching event received since $4 (the wait's
