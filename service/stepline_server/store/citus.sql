@@ -323,6 +323,19 @@ SELECT * FROM citus_lease_run($1, $2, $3, $4, $5, $6);
 -- (heartbeat, one run: run_keep_lease delegated)
 SELECT run_keep_lease($1, $2, $3, $4::double precision);
 
+-- name: citus_keep_leases
+-- (heartbeat, several runs: $1 [{id, project_id, token}]) run_keep_lease for each, in run id
+-- order, in one statement on the coordinator (each of the function's statements routed to its
+-- run's shard): one round trip for a beat, and the rows it locks held for that statement only.
+-- Answers each run and what run_keep_lease answered (NULL: the lease was not held).
+WITH l AS MATERIALIZED (
+    SELECT l.id, l.project_id, l.token
+    FROM jsonb_to_recordset($1::jsonb) AS l(id uuid, project_id uuid, token text)
+    ORDER BY l.id
+)
+SELECT l.id, run_keep_lease(l.id, l.project_id, l.token, $2::double precision) AS cancel_requested
+FROM l;
+
 -- name: citus_run_invocations
 -- The project of runs $1 and the deployment each one's invocation goes to (the run's, else
 -- the app's last known one): what run_begin takes besides the lease.

@@ -34,7 +34,7 @@ CITUS_FORMS: dict[str, tuple[str, ...]] = {
     "claim_pull": ("citus_pull_candidates", "citus_lease_run"),
     "claim_rate_limited": ("citus_rate_limited_candidates", "citus_lease_run"),
     "claim_capped": ("citus_capped_candidates", "citus_lease_run"),
-    "heartbeat": ("citus_run_projects", "citus_keep_lease"),
+    "heartbeat": ("citus_run_projects", "citus_keep_lease", "citus_keep_leases"),
     "begin_invocations": ("citus_run_invocations", "citus_begin"),
     "progress": ("citus_run_projects", "citus_progress"),
     "suspend_runs": ("citus_run_projects", "citus_suspend"),
@@ -159,21 +159,28 @@ async def projects(conn: Conn, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid
 async def heartbeat(
     conn: Conn, leases: list[tuple[uuid.UUID, str]], lease_seconds: float
 ) -> dict[uuid.UUID, bool]:
-    """``heartbeat`` on Citus: each lease kept by its own call (``run_keep_lease``), each a
-    statement that commits on its own on the run's shard. (In one transaction, each run's row
-    stayed locked until every other lease was kept, a beat waited for every run's progress
-    commit in turn and they for it: beats of 60 leases took up to 4 s in the chaos run, and a
-    lease of 5 s lapsed under its live invocation.)"""
+    """``heartbeat`` on Citus: each lease kept by ``run_keep_lease`` on its run's shard, the
+    runs' projects read first; one lease delegated to its worker, several in one statement
+    run on the coordinator (``citus_keep_leases``). (Each kept by a call of its own in one
+    transaction, a beat of 60 leases took up to 4 s in the chaos run, its rows locked
+    meanwhile and progress commits waiting for them, and a 5 s lease lapsed under its live
+    invocation; each call committing by itself, still as long: one round trip after another
+    through a busy event loop.)"""
     of = await projects(conn, [run_id for run_id, _ in leases])
-    held: dict[uuid.UUID, bool] = {}
-    for run_id, token in sorted(leases):
-        if run_id in of:
-            cancel = await conn.fetchval(
-                Q["citus_keep_lease"], run_id, of[run_id], token, lease_seconds
-            )
-            if cancel is not None:
-                held[run_id] = cancel
-    return held
+    kept = [(run_id, token) for run_id, token in leases if run_id in of]
+    if len(kept) == 1:
+        [(run_id, token)] = kept
+        cancel = await conn.fetchval(
+            Q["citus_keep_lease"], run_id, of[run_id], token, lease_seconds
+        )
+        return {} if cancel is None else {run_id: cancel}
+    items = [
+        {"id": str(run_id), "project_id": str(of[run_id]), "token": token} for run_id, token in kept
+    ]
+    rows = await conn.fetch(Q["citus_keep_leases"], items, lease_seconds)
+    return {
+        row["id"]: row["cancel_requested"] for row in rows if row["cancel_requested"] is not None
+    }
 
 
 async def begin_invocations(
