@@ -9,6 +9,8 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
 from stepline_server.engine import gathering, rates
 from stepline_server.loops import sweeper
 from stepline_server.store import (
@@ -379,3 +381,63 @@ async def _waiting_for_a_lock(conn: db.Conn, pid: int) -> datetime | None:
         "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
         pid,
     )
+
+
+async def test_a_beat_keeps_the_leases_still_held(database_url: str) -> None:
+    """Three runs leased for 60 s, one lease gone stale: a beat of 600 s moves the two held
+    leases' ends past the first, answers them (no cancel asked), leaves the stale one."""
+    conn = await db.connect(database_url)
+    try:
+        await _app(conn, [("beat", {})])
+        for _ in range(3):
+            await _start(conn, "beat")
+        leased = await claims.claim(conn, "here", 60, 10)
+        before = await _runs(conn, "beat")
+        stale = leased[0]["id"]
+        leases = [(r["id"], r["lease_token"]) for r in leased[1:]] + [(stale, "not-the-token")]
+        held = await claims.heartbeat(conn, leases, 600)
+        after = await _runs(conn, "beat")
+        assert held == {r["id"]: False for r in leased[1:]}
+        for r in leased[1:]:
+            assert after[r["id"]]["ready_at"] > before[r["id"]]["ready_at"] + timedelta(minutes=5)
+        assert after[stale]["ready_at"] == before[stale]["ready_at"]
+    finally:
+        await conn.close()
+
+
+async def test_a_beat_keeps_the_other_leases_while_one_run_is_locked(database_url: str) -> None:
+    """On Citus: one leased run's row held by a transaction still open, a beat of three keeps
+    the other two at once, each committed (seen from another connection while the beat waits),
+    then the held one when the transaction ends. (On plain PostgreSQL a beat is one
+    statement.)"""
+    first, second, watcher = [await db.connect(database_url) for _ in range(3)]
+    try:
+        if not db.on_citus(first):
+            pytest.skip("a beat on plain PostgreSQL is one statement")
+        await _app(first, [("beat", {})])
+        for _ in range(3):
+            await _start(first, "beat")
+        leased = await claims.claim(first, "here", 60, 10)
+        before = await _runs(first, "beat")
+        locked = leased[1]["id"]
+        leases = [(r["id"], r["lease_token"]) for r in leased]
+        async with first.transaction():
+            await first.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", locked)
+            beat = asyncio.ensure_future(claims.heartbeat(second, leases, 600))
+
+            async def others_kept() -> bool:
+                rows = await _runs(watcher, "beat")
+                return all(
+                    rows[r["id"]]["ready_at"] > before[r["id"]]["ready_at"]
+                    for r in leased
+                    if r["id"] != locked
+                )
+
+            await until(others_kept, "the leases not locked kept")
+            assert not beat.done()
+            assert (await _runs(watcher, "beat"))[locked]["ready_at"] == before[locked]["ready_at"]
+        assert await beat == {r["id"]: False for r in leased}
+        assert (await _runs(watcher, "beat"))[locked]["ready_at"] > before[locked]["ready_at"]
+    finally:
+        for conn in (first, second, watcher):
+            await conn.close()

@@ -324,17 +324,9 @@ SELECT * FROM citus_lease_run($1, $2, $3, $4, $5, $6);
 SELECT run_keep_lease($1, $2, $3, $4::double precision);
 
 -- name: citus_keep_leases
--- (heartbeat, several runs: $1 [{id, project_id, token}]) run_keep_lease for each, in run id
--- order, in one statement on the coordinator (each of the function's statements routed to its
--- run's shard): one round trip for a beat, and the rows it locks held for that statement only.
--- Answers each run and what run_keep_lease answered (NULL: the lease was not held).
-WITH l AS MATERIALIZED (
-    SELECT l.id, l.project_id, l.token
-    FROM jsonb_to_recordset($1::jsonb) AS l(id uuid, project_id uuid, token text)
-    ORDER BY l.id
-)
-SELECT l.id, run_keep_lease(l.id, l.project_id, l.token, $2::double precision) AS cancel_requested
-FROM l;
+-- (heartbeat, several runs: $1 [{id, project_id, token}]) the procedure citus_keep_leases:
+-- answers {run id: cancel_requested} of the leases still held.
+CALL citus_keep_leases($1::jsonb, $2::double precision, NULL);
 
 -- name: citus_run_invocations
 -- The project of runs $1 and the deployment each one's invocation goes to (the run's, else
@@ -445,6 +437,48 @@ BEGIN
             AND s.kind IN ('callback', 'event', 'invoke'))
     FOR UPDATE OF r SKIP LOCKED;
     RETURN FOUND AND run_repair(p_run, p_project, p_reason);
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE citus_keep_leases(
+    p_leases jsonb, p_seconds double precision, INOUT p_kept jsonb DEFAULT NULL
+) LANGUAGE plpgsql AS $$
+DECLARE
+    l record;
+    v_cancel boolean;
+    v_busy jsonb := '[]';
+    v_pass integer;
+BEGIN
+    -- heartbeat on Citus: each lease of p_leases ([{id, project_id, token}]) kept by
+    -- run_keep_lease on its run's shard, in run id order, each committed on its own, so that a
+    -- beat never holds one run's row while it waits for another's (in one transaction, beats
+    -- and progress commits waited for each other: up to 4 s a beat with 60 leases, and a
+    -- lease lapsed under its live invocation). A run whose row another transaction holds now
+    -- (its progress commit, a callback waking it) is kept after the others, waiting for it
+    -- then. Answers {run id: cancel_requested} for each lease held. Called on its own (CALL,
+    -- outside a transaction block): it commits.
+    p_kept := '{}';
+    FOR v_pass IN 1..2 LOOP
+        FOR l IN
+            SELECT * FROM jsonb_to_recordset(CASE WHEN v_pass = 1 THEN p_leases ELSE v_busy END)
+                AS x(id uuid, project_id uuid, token text)
+            ORDER BY x.id
+        LOOP
+            IF v_pass = 1 THEN
+                PERFORM 1 FROM runs r WHERE r.id = l.id AND r.project_id = l.project_id
+                FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_busy := v_busy || jsonb_build_array(to_jsonb(l));
+                    CONTINUE;
+                END IF;
+            END IF;
+            v_cancel := run_keep_lease(l.id, l.project_id, l.token, p_seconds);
+            IF v_cancel IS NOT NULL THEN
+                p_kept := p_kept || jsonb_build_object(l.id::text, v_cancel);
+            END IF;
+            COMMIT;
+        END LOOP;
+    END LOOP;
 END
 $$;
 
