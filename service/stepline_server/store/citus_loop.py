@@ -161,11 +161,11 @@ async def heartbeat(
 ) -> dict[uuid.UUID, bool]:
     """``heartbeat`` on Citus: each lease kept by ``run_keep_lease`` on its run's shard, the
     runs' projects read first; one lease delegated to its worker, several by the procedure
-    ``citus_keep_leases`` (one call: the runs whose rows are free in one transaction, then
-    each run whose row was held, waiting for it). (Kept in one transaction, call after call,
-    beats of 60 leases took up to 4 s in the chaos run: each run's row stayed locked until
-    every lease was kept, beats and progress commits waited for each other, and a 5 s lease
-    lapsed under its live invocation.)"""
+    ``citus_keep_leases`` (one call, in rounds: the runs whose rows are free now in one
+    transaction, those whose rows are held in a later round). (Kept in one transaction, call
+    after call, beats of 60 leases took up to 4 s in the chaos run: each run's row stayed
+    locked until every lease was kept, beats and progress commits waited for each other, and
+    a 5 s lease lapsed under its live invocation.)"""
     of = await projects(conn, [run_id for run_id, _ in leases])
     kept = [(run_id, token) for run_id, token in leases if run_id in of]
     if len(kept) == 1:
