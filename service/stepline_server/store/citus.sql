@@ -449,20 +449,22 @@ DECLARE
     v_left jsonb := p_leases;
     v_busy jsonb;
     v_round integer := 0;
+    v_began timestamptz := clock_timestamp();
 BEGIN
     -- heartbeat on Citus: each lease of p_leases ([{id, project_id, token}]) kept by
     -- run_keep_lease on its run's shard, in run id order, never waiting for a run's row while
     -- holding another's: in rounds, each keeping in one transaction the runs whose rows are
     -- free (SKIP LOCKED) and leaving the others, whose rows a progress commit or a wake
-    -- holds, to the next round 20 ms later; after 25 rounds (about half a second) each run
-    -- still left is kept on its own, waiting for its row. (In one transaction waiting row by
+    -- holds, to the next round 20 ms later; after half a second of rounds each run still
+    -- left is kept on its own, waiting for its row. (In one transaction waiting row by
     -- row, beats and progress commits waited for each other: up to 4 s a beat with 60 leases,
     -- and a lease lapsed under its live invocation; waiting row by row after one round, up to
     -- 3.5 s, half the runs' rows held at any moment under load.) Answers {run id:
     -- cancel_requested} for each lease held. Called on its own (CALL, outside a transaction
     -- block): it commits.
     p_kept := '{}';
-    WHILE jsonb_array_length(v_left) > 0 AND v_round < 25 LOOP
+    WHILE jsonb_array_length(v_left) > 0
+          AND (v_round = 0 OR clock_timestamp() - v_began < interval '0.5 seconds') LOOP
         IF v_round > 0 THEN
             PERFORM pg_sleep(0.02);
         END IF;
